@@ -1,0 +1,81 @@
+"""The protocol every in-jit (pure-JAX) environment follows.
+
+An environment is a task family written as pure functions over pytrees: no
+Python control flow on traced values, vmappable over a batch of episodes, and
+callable inside the rollout engine's ``lax.while_loop``.
+
+Life of an episode (one row of a batch):
+
+1. ``instance = env.generate(key, difficulty)`` makes a task instance (a pytree
+   of fixed-shape arrays: the hidden data and the answer). Host code renders
+   ``env.prompt_text(instance)`` through the conversation codec into prompt
+   token ids.
+2. ``state = env.reset(instance)`` starts the episode.
+3. Whenever the policy closes a tool call or an answer, the rollout engine calls
+   ``state, out = env.step(state, action_A, action_len)`` with the token ids of
+   the completed action segment: everything the policy generated since the
+   previous observation, up to and including the closing tag
+   (``</tool_call>`` or ``</answer>``), padded to ``max_action_len``.
+4. ``out.obs_A`` (padded to ``max_obs_len``, ``out.obs_len`` valid) is the raw
+   content of the tool result. The engine wraps it in the codec's tool-result
+   framing and forces it into the context with loss mask 0. A malformed or
+   unknown call yields an error observation, and the episode goes on.
+5. The episode ends when ``out.done`` (answer given) or ``out.truncated``
+   (turn limit) is set. Rewards arrive in ``out.reward`` (the config-weighted
+   sum) and ``out.reward_components`` (every named component, reported apart).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import jax
+from flax import struct
+
+PyTree = Any
+
+
+@struct.dataclass
+class StepOutput:
+  """What an environment step returns (shapes for one episode; vmap adds B).
+
+  Attributes:
+    obs_A: int32 ``[max_obs_len]`` observation token ids, padded with pad id.
+    obs_len: int32 ``[]`` number of valid observation tokens.
+    reward: float32 ``[]`` weighted sum of the components for this step.
+    reward_components: dict of float32 ``[]`` (``outcome``, ``format``,
+      ``efficiency``, ...), the same keys at every step.
+    done: bool ``[]`` the episode ended with an answer.
+    truncated: bool ``[]`` the episode ended on a limit.
+    info: dict of arrays (for example ``tool_calls``, ``tool_errors``,
+      ``tool_id`` of this call), the same keys at every step.
+  """
+
+  obs_A: jax.Array
+  obs_len: jax.Array
+  reward: jax.Array
+  reward_components: dict[str, jax.Array]
+  done: jax.Array
+  truncated: jax.Array
+  info: dict[str, jax.Array]
+
+
+class JaxEnv(Protocol):
+  """A task family runnable inside ``jax.jit`` (see the module docstring)."""
+
+  name: str
+  max_obs_len: int
+  max_action_len: int
+
+  def generate(self, key: jax.Array, difficulty: int) -> PyTree:
+    ...
+
+  def prompt_text(self, instance: PyTree) -> str:
+    ...
+
+  def reset(self, instance: PyTree) -> PyTree:
+    ...
+
+  def step(self, state: PyTree, action_A: jax.Array,
+           action_len: jax.Array) -> tuple[PyTree, StepOutput]:
+    ...

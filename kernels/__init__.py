@@ -1,0 +1,1 @@
+"""Pallas kernels, installed as ``agentic_rl.kernels``."""

@@ -1,0 +1,129 @@
+"""Pure-JAX (XLA) reference implementations of the kernels' ops.
+
+These are the ``impl="xla"`` paths and the references the Pallas kernels are
+tested against. The model's attention goes through :func:`attention`, so the
+masking semantics (positions, segments, sliding window, soft-cap) have exactly
+one home.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+# A window this large means "global attention"; it lets per-layer windows be a
+# traced int array scanned over layers.
+NO_WINDOW = 1 << 30
+
+
+def attention_mask(
+    q_positions_BxT: jax.Array,
+    kv_positions_BxS: jax.Array,
+    *,
+    q_segment_ids_BxT: jax.Array | None = None,
+    kv_segment_ids_BxS: jax.Array | None = None,
+    causal: bool = True,
+    sliding_window: int | jax.Array | None = None,
+) -> jax.Array:
+  """Boolean mask ``[B, T, S]``: may query t see key s.
+
+  Visible iff (not causal or kv_pos <= q_pos), (no window or
+  q_pos - kv_pos < window), and the segment ids agree.
+  """
+  q = q_positions_BxT[:, :, None]
+  k = kv_positions_BxS[:, None, :]
+  mask = jnp.ones(jnp.broadcast_shapes(q.shape, k.shape), bool)
+  if causal:
+    mask &= k <= q
+  if sliding_window is not None:
+    mask &= (q - k) < sliding_window
+  if q_segment_ids_BxT is not None or kv_segment_ids_BxS is not None:
+    if q_segment_ids_BxT is None or kv_segment_ids_BxS is None:
+      raise ValueError("pass both q and kv segment ids, or neither")
+    mask &= q_segment_ids_BxT[:, :, None] == kv_segment_ids_BxS[:, None, :]
+  return mask
+
+
+def attention(
+    q_BxTxHxD: jax.Array,
+    k_BxSxKxD: jax.Array,
+    v_BxSxKxD: jax.Array,
+    *,
+    causal: bool = True,
+    segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    q_positions: jax.Array | None = None,
+    kv_positions: jax.Array | None = None,
+    sliding_window: int | jax.Array | None = None,
+    softcap: float | None = None,
+    scale: float | None = None,
+) -> jax.Array:
+  """Multi-head attention with GQA/MQA, in fp32 softmax.
+
+  q: ``[B, T, H, D]``; k, v: ``[B, S, K, D]`` with ``H % K == 0`` (query head
+  ``h`` reads key/value head ``h // (H // K)``). Positions default to
+  ``arange`` (so with ``T == S`` this is ordinary causal attention); with a KV
+  cache pass the queries' absolute positions and the cache slots' positions.
+  ``segment_ids`` ``[B, T]`` (and ``kv_segment_ids`` ``[B, S]``, defaulting to
+  ``segment_ids``) isolate packed or padded sequences. Logits are
+  ``softcap * tanh(s / softcap)`` when ``softcap`` is set (Gemma 2).
+
+  Rows with no visible key return zeros, never NaN. Returns ``[B, T, H, D]``
+  in q's dtype.
+  """
+  B, T, H, D = q_BxTxHxD.shape
+  S, K = k_BxSxKxD.shape[1], k_BxSxKxD.shape[2]
+  if H % K:
+    raise ValueError(f"query heads {H} must be a multiple of key/value heads {K}")
+  G = H // K
+  if q_positions is None:
+    q_positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+  if kv_positions is None:
+    kv_positions = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
+  if segment_ids is not None and kv_segment_ids is None:
+    kv_segment_ids = segment_ids
+  mask_BxTxS = attention_mask(
+      q_positions, kv_positions,
+      q_segment_ids_BxT=segment_ids, kv_segment_ids_BxS=kv_segment_ids,
+      causal=causal, sliding_window=sliding_window)
+  scale = D ** -0.5 if scale is None else scale
+  q = q_BxTxHxD.reshape(B, T, K, G, D)
+  s_BxKxGxTxS = jnp.einsum(
+      "btkgd,bskd->bkgts", q, k_BxSxKxD,
+      preferred_element_type=jnp.float32) * scale
+  if softcap is not None:
+    s_BxKxGxTxS = softcap * jnp.tanh(s_BxKxGxTxS / softcap)
+  m = mask_BxTxS[:, None, None]
+  s_BxKxGxTxS = jnp.where(m, s_BxKxGxTxS, -jnp.inf)
+  row_max = jnp.max(s_BxKxGxTxS, axis=-1, keepdims=True)
+  row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+  p = jnp.where(m, jnp.exp(s_BxKxGxTxS - row_max), 0.0)
+  denom = jnp.sum(p, axis=-1, keepdims=True)
+  p = p / jnp.where(denom > 0, denom, 1.0)
+  out = jnp.einsum("bkgts,bskd->btkgd", p.astype(v_BxSxKxD.dtype), v_BxSxKxD,
+                   preferred_element_type=jnp.float32)
+  return out.reshape(B, T, H, D).astype(q_BxTxHxD.dtype)
+
+
+def token_logprobs(
+    hidden_NxD: jax.Array,
+    unembed_DxV: jax.Array,
+    targets_N: jax.Array,
+    *,
+    temperature: float = 1.0,
+    softcap: float | None = None,
+) -> tuple[jax.Array, jax.Array]:
+  """Log-prob of each target and entropy of each row, materialising logits.
+
+  ``z = h @ W`` (fp32 accumulation), ``z = softcap * tanh(z / softcap)`` if
+  set, then ``z / temperature``; returns ``log_softmax(z)[n, targets[n]]`` and
+  ``-sum_v p_v log p_v``, both fp32 ``[N]``.
+  """
+  logits = jnp.dot(hidden_NxD, unembed_DxV, preferred_element_type=jnp.float32)
+  if softcap is not None:
+    logits = softcap * jnp.tanh(logits / softcap)
+  logits = logits / temperature
+  logp_NxV = jax.nn.log_softmax(logits, axis=-1)
+  logp_N = jnp.take_along_axis(logp_NxV, targets_N[:, None], axis=-1)[:, 0]
+  entropy_N = -jnp.sum(jnp.exp(logp_NxV) * logp_NxV, axis=-1)
+  return logp_N, entropy_N

@@ -1,0 +1,52 @@
+"""Install agentic_rl.
+
+The Pallas kernels live in the top-level ``kernels/`` folder but install as
+``agentic_rl.kernels``: a top-level module named ``kernels`` belongs to another
+PyPI package (and transformers probes for it).
+"""
+import setuptools
+
+_PACKAGES = [p for p in setuptools.find_packages(include=["agentic_rl", "agentic_rl.*"])]
+_PACKAGES += ["agentic_rl.kernels"]
+
+setuptools.setup(
+    name="agentic_rl",
+    version="0.1.0",
+    description="A JAX research codebase for agentic reinforcement learning.",
+    python_requires=">=3.11",
+    packages=_PACKAGES,
+    package_dir={"agentic_rl.kernels": "kernels"},
+    package_data={"agentic_rl.text": ["assets/*.model"]},
+    include_package_data=True,
+    install_requires=[
+        "jax>=0.10.2",
+        "flax",
+        "optax",
+        "orbax-checkpoint",
+        "chex",
+        "sentencepiece",
+        "ml-collections",
+        "absl-py",
+        "tensorflow-datasets",
+        "array_record",
+        "numpy",
+        "tensorboardX",
+        "safetensors",
+    ],
+    extras_require={
+        "test": [
+            "pytest",
+            "pytest-xdist",
+            "hypothesis",
+            # Parity tests against Hugging Face. torch 2.13.0's CPU wheel is
+            # what pip resolves quickly here; a looser pin pulls a CUDA build.
+            "torch==2.13.0",
+            "transformers",
+            "matplotlib",
+            "nbclient",
+            "nbformat",
+            "ipykernel",
+        ],
+        "gem": ["gem-llm==0.1.0"],
+    },
+)
