@@ -1,0 +1,279 @@
+"""The one conversation codec: messages <-> token ids, loss mask, roles, turns.
+
+Nothing else in the code base knows the conversation format. The format
+(each tag is one reserved token, see ``tokenizer.py``)::
+
+  <s><|system|>{system}<|end|><|user|>{user}<|end|><|assistant|>
+  {text}<tool_call>{call}</tool_call><tool_result>{result}</tool_result>
+  {text}<tool_call>{call}</tool_call><tool_result>{result}</tool_result>
+  {text}<answer>{answer}</answer>
+
+Tool results are injected inline into the assistant's turn (no role header),
+so a multi-turn episode is one growing token sequence. The policy's side of an
+episode ends at a stop token: ``</tool_call>`` hands control to the
+environment, ``</answer>``, ``<|end|>`` or ``</s>`` end the turn. An assistant
+turn followed by another user or system message is closed by ``<|end|>``.
+
+Loss mask: 1 exactly on tokens the policy generates (assistant text, tool-call
+tags and arguments, answer tags, the closing ``<|end|>``); 0 on the prompt,
+framing the environment adds and tool results. Turn ids: 0 on the prompt;
+the k-th action segment of the assistant (k >= 1, a segment ends with a tool
+call) and the tool result that answers it carry k.
+
+Trajectories are built token-in/token-out: the rollout engine appends sampled
+ids as they are and frames observations with :func:`frame_observation`; text
+is never re-tokenised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentic_rl.text import tokenizer as tok_lib
+
+ROLES = ("special", "system", "user", "assistant", "tool_call", "tool_result")
+ROLE_ID = {r: i for i, r in enumerate(ROLES)}
+_MESSAGE_ROLES = ROLES[1:]
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+  role: str  # one of system, user, assistant, tool_call, tool_result
+  content: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoded:
+  """An encoded conversation; all int32/float32 numpy arrays of shape ``[T]``."""
+
+  ids: np.ndarray
+  loss_mask: np.ndarray
+  role_ids: np.ndarray
+  turn_ids: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class FormatIds:
+  """Token ids of the format's reserved pieces (plain ints, static under jit)."""
+
+  pad: int
+  bos: int
+  eos: int
+  system: int
+  user: int
+  assistant: int
+  end: int
+  tool_call_open: int
+  tool_call_close: int
+  tool_result_open: int
+  tool_result_close: int
+  answer_open: int
+  answer_close: int
+
+  @property
+  def stop_ids(self) -> tuple[int, ...]:
+    """Tokens after which the policy yields: to the environment or for good."""
+    return (self.tool_call_close, self.answer_close, self.end, self.eos)
+
+  @property
+  def final_ids(self) -> tuple[int, ...]:
+    """Stop tokens that end the episode on the policy's side."""
+    return (self.answer_close, self.end, self.eos)
+
+
+class Codec:
+  """Encodes and decodes conversations with one tokenizer."""
+
+  def __init__(self, tokenizer: tok_lib.Tokenizer):
+    tokenizer.require(tok_lib.FRAMING)
+    self.tokenizer = tokenizer
+    p = tokenizer.piece_id
+    self.ids = FormatIds(
+        pad=tokenizer.pad_id, bos=tokenizer.bos_id, eos=tokenizer.eos_id,
+        system=p(tok_lib.SYSTEM), user=p(tok_lib.USER),
+        assistant=p(tok_lib.ASSISTANT), end=p(tok_lib.END),
+        tool_call_open=p(tok_lib.TOOL_CALL_OPEN),
+        tool_call_close=p(tok_lib.TOOL_CALL_CLOSE),
+        tool_result_open=p(tok_lib.TOOL_RESULT_OPEN),
+        tool_result_close=p(tok_lib.TOOL_RESULT_CLOSE),
+        answer_open=p(tok_lib.ANSWER_OPEN), answer_close=p(tok_lib.ANSWER_CLOSE))
+    # Framing tokens that may not appear inside any message's content.
+    self._framing = frozenset(
+        dataclasses.astuple(self.ids)) - {self.ids.answer_open, self.ids.answer_close}
+
+  # ---------------------------------------------------------------- encode
+  def _content(self, m: Message) -> list[int]:
+    ids = self.tokenizer.encode(m.content)
+    bad = sorted({self.tokenizer.id_to_piece(i) for i in ids if i in self._framing})
+    if bad:
+      raise ValueError(f"{m.role} message content contains reserved tokens {bad}")
+    if m.role != "assistant" and (self.ids.answer_open in ids or
+                                  self.ids.answer_close in ids):
+      raise ValueError(f"answer tags may only appear in assistant messages, "
+                       f"not in a {m.role} message")
+    return ids
+
+  def encode(self, messages: Sequence[Message], *,
+             add_generation_prompt: bool = False) -> Encoded:
+    """Encodes a conversation.
+
+    With ``add_generation_prompt`` the ids end where the policy starts
+    generating (after ``<|assistant|>``, or after a tool result).
+    """
+    ids, mask, roles, turns = [self.ids.bos], [0], [ROLE_ID["special"]], [0]
+    turn = 0
+    in_assistant = False  # inside an assistant turn (header emitted)
+    segment_open = False  # the current action segment has a turn id
+
+    def emit(tokens, role, m, t):
+      ids.extend(tokens)
+      mask.extend([m] * len(tokens))
+      roles.extend([ROLE_ID[role]] * len(tokens))
+      turns.extend([t] * len(tokens))
+
+    for i, m in enumerate(messages):
+      if m.role not in _MESSAGE_ROLES:
+        raise ValueError(f"unknown role {m.role!r}; expected one of {_MESSAGE_ROLES}")
+      content = self._content(m)
+      if m.role == "assistant" and (not content or (
+          i and messages[i - 1].role == "assistant")):
+        raise ValueError("assistant messages must be non-empty and not adjacent "
+                         "(merge adjacent ones): the token stream cannot tell "
+                         "them apart")
+      if m.role in ("system", "user"):
+        if in_assistant:
+          emit([self.ids.end], "assistant", 1, turn)
+          in_assistant = segment_open = False
+        header = self.ids.system if m.role == "system" else self.ids.user
+        emit([header] + content + [self.ids.end], m.role, 0, turn)
+        continue
+      if m.role == "tool_result":
+        prev = messages[i - 1].role if i else None
+        if prev != "tool_call":
+          raise ValueError("a tool_result message must follow a tool_call message")
+        emit([self.ids.tool_result_open] + content + [self.ids.tool_result_close],
+             "tool_result", 0, turn)
+        segment_open = False
+        continue
+      # assistant or tool_call: the policy's tokens.
+      if not in_assistant:
+        emit([self.ids.assistant], "assistant", 0, turn)
+        in_assistant = True
+      if not segment_open:
+        turn += 1
+        segment_open = True
+      if m.role == "tool_call":
+        emit([self.ids.tool_call_open] + content + [self.ids.tool_call_close],
+             "tool_call", 1, turn)
+      else:
+        emit(content, "assistant", 1, turn)
+    if add_generation_prompt and not in_assistant:
+      emit([self.ids.assistant], "assistant", 0, turn)
+    as_np = lambda x, dt: np.asarray(x, dtype=dt)
+    return Encoded(as_np(ids, np.int32), as_np(mask, np.float32),
+                   as_np(roles, np.int32), as_np(turns, np.int32))
+
+  def encode_prompt(self, messages: Sequence[Message]) -> np.ndarray:
+    """Prompt ids ending with the assistant header, ready for generation."""
+    return self.encode(messages, add_generation_prompt=True).ids
+
+  # ---------------------------------------------------------------- decode
+  def decode(self, ids: Sequence[int] | np.ndarray) -> list[Message]:
+    """Token ids back to messages; ``decode(encode(x).ids) == x``.
+
+    Padding after the conversation is ignored. Raises ValueError on ids that
+    do not follow the format (an unclosed tag, a stray closing tag).
+    """
+    ids = [int(i) for i in np.asarray(ids).reshape(-1)]
+    while ids and ids[-1] == self.ids.pad:
+      ids.pop()
+    if not ids or ids[0] != self.ids.bos:
+      raise ValueError("a conversation starts with the bos token")
+    x = self.ids
+    out: list[Message] = []
+    buf: list[int] = []
+    i = 1
+
+    def flush_assistant():
+      if buf:
+        out.append(Message("assistant", self.tokenizer.decode(buf)))
+        buf.clear()
+
+    def read_until(start, close, what):
+      try:
+        j = ids.index(close, start)
+      except ValueError:
+        raise ValueError(f"unclosed {what} starting at token {start - 1}") from None
+      return j, self.tokenizer.decode(ids[start:j])
+
+    while i < len(ids):
+      t = ids[i]
+      if t in (x.system, x.user):
+        flush_assistant()
+        j, text = read_until(i + 1, x.end, "system/user message")
+        out.append(Message("system" if t == x.system else "user", text))
+        i = j + 1
+      elif t == x.assistant:
+        flush_assistant()
+        i += 1
+      elif t == x.tool_call_open:
+        flush_assistant()
+        j, text = read_until(i + 1, x.tool_call_close, "tool call")
+        out.append(Message("tool_call", text))
+        i = j + 1
+      elif t == x.tool_result_open:
+        flush_assistant()
+        j, text = read_until(i + 1, x.tool_result_close, "tool result")
+        out.append(Message("tool_result", text))
+        i = j + 1
+      elif t in (x.end, x.eos):
+        flush_assistant()
+        i += 1
+      elif t in (x.bos, x.tool_call_close, x.tool_result_close, x.pad):
+        raise ValueError(f"unexpected {self.tokenizer.id_to_piece(t)!r} at token {i}")
+      else:
+        buf.append(t)
+        i += 1
+    flush_assistant()
+    return out
+
+
+def frame_observation(obs_A: jax.Array, obs_len: jax.Array, ids: FormatIds,
+                      ) -> tuple[jax.Array, jax.Array]:
+  """Wraps raw tool-result ids in the tool-result tags, inside jit.
+
+  Args:
+    obs_A: int32 ``[..., A]`` observation content, padded after ``obs_len``.
+    obs_len: int32 ``[...]`` valid length.
+    ids: the codec's ``FormatIds``.
+  Returns:
+    ``(framed_[..., A+2], framed_len_[...])``: ``<tool_result> obs
+    </tool_result>`` then padding.
+  """
+  A = obs_A.shape[-1]
+  pos = jnp.arange(A + 2)
+  n = obs_len[..., None]
+  body = jnp.take_along_axis(
+      obs_A, jnp.clip(pos - 1, 0, A - 1) * jnp.ones_like(n), axis=-1)
+  framed = jnp.where(pos == 0, ids.tool_result_open,
+                     jnp.where(pos <= n, body,
+                               jnp.where(pos == n + 1, ids.tool_result_close, ids.pad)))
+  return framed.astype(jnp.int32), (obs_len + 2).astype(jnp.int32)
+
+
+def pad_batch(rows: Sequence[np.ndarray], length: int, pad_value=0) -> np.ndarray:
+  """Right-pads 1-D arrays to ``[len(rows), length]``; ValueError if one is longer."""
+  too_long = [len(r) for r in rows if len(r) > length]
+  if too_long:
+    raise ValueError(f"sequence of length {max(too_long)} exceeds the padded "
+                     f"length {length}")
+  dtype = np.asarray(rows[0]).dtype if rows else np.int32
+  out = np.full((len(rows), length), pad_value, dtype=dtype)
+  for i, r in enumerate(rows):
+    out[i, :len(r)] = r
+  return out
