@@ -1,1 +1,28 @@
+"""The policy network: a decoder-only transformer as pure functions.
 
+``forward`` runs full sequences (training, scoring); ``prefill`` / ``extend`` /
+``decode_step`` run incrementally against a ``KVCache`` (rollouts);
+``hf.load_hf_checkpoint`` imports Llama / Qwen2 weights.
+"""
+
+from agentic_rl.model import hf
+from agentic_rl.model.config import TransformerConfig, alternating_windows
+from agentic_rl.model.kv_cache import (KVCache, decode_step, extend,
+                                       init_cache, prefill)
+from agentic_rl.model.transformer import (forward, init_params, param_axes,
+                                          unembedding)
+
+__all__ = [
+    "KVCache",
+    "TransformerConfig",
+    "alternating_windows",
+    "decode_step",
+    "extend",
+    "forward",
+    "hf",
+    "init_cache",
+    "init_params",
+    "param_axes",
+    "prefill",
+    "unembedding",
+]

@@ -1,0 +1,198 @@
+"""Configuration of the decoder-only policy transformer.
+
+The config is plain data: a frozen, hashable dataclass (so it can be a static
+argument of ``jax.jit``) that is checked by :meth:`TransformerConfig.validate`
+before anything is traced.
+
+Architecture (pre-norm decoder, Llama / Qwen2 / Gemma family):
+
+    x = embed[tokens] (* sqrt(d_model) if embed_scale)
+    per layer:  x += Attn(RMSNorm(x));  x += GatedMLP(RMSNorm(x))
+    logits = softcap(RMSNorm(x) @ unembed)
+
+RMSNorm is ``x / sqrt(mean(x^2) + eps) * w`` (``* (1 + w)`` with
+``norm_plus_one``, Gemma); the MLP is ``down(act(gate(x)) * up(x))`` with
+``act`` = SiLU (SwiGLU, Shazeer 2020) or tanh-GELU (GeGLU, Gemma); RoPE uses
+the Hugging Face "rotate_half" convention (the two halves of each head
+vector are rotated together, not interleaved pairs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from agentic_rl.kernels.reference import NO_WINDOW
+
+MLP_ACTIVATIONS = ("silu", "gelu")
+ATTN_IMPLS = ("xla", "pallas")
+
+
+def alternating_windows(
+    n_layers: int, window: int, *, global_every: int = 2
+) -> tuple[int | None, ...]:
+  """Per-layer windows with every ``global_every``-th layer global.
+
+  Layer ``i`` is global (``None``) iff ``(i + 1) % global_every == 0``, else
+  local with ``window``. ``global_every=2`` gives Gemma 2's local/global
+  alternation; ``global_every=6`` gives Gemma 3's five local layers per
+  global one.
+  """
+  if global_every < 1:
+    raise ValueError(f"global_every must be >= 1, got {global_every}")
+  return tuple(None if (i + 1) % global_every == 0 else window
+               for i in range(n_layers))
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """Hyper-parameters of the policy transformer (see the module docstring).
+
+  Attributes:
+    vocab_size: V, number of token ids.
+    d_model: D, width of the residual stream.
+    n_layers: L, number of decoder layers.
+    n_heads: H, query heads.
+    n_kv_heads: K, key/value heads (``H % K == 0``; K == H is MHA, K == 1 MQA).
+    head_dim: Dh, per-head width (even, for RoPE).
+    mlp_dim: F, hidden width of the gated MLP.
+    mlp_activation: "silu" (SwiGLU) or "gelu" (GeGLU with tanh-GELU).
+    norm_eps: RMSNorm epsilon.
+    norm_plus_one: RMSNorm scales by ``1 + w`` (Gemma) instead of ``w``.
+    rope_theta: RoPE base frequency.
+    qkv_bias: biases on the q, k, v projections (Qwen2).
+    qk_norm: RMSNorm over ``head_dim`` on queries and keys before RoPE.
+    tie_embeddings: the unembedding is the embedding matrix transposed.
+    embed_scale: multiply embeddings by ``sqrt(d_model)`` (Gemma).
+    attn_logit_softcap: ``c * tanh(s / c)`` on attention logits, or None.
+    final_logit_softcap: ``c * tanh(z / c)`` on output logits, or None.
+    sliding_windows: per-layer window (int) or None for global attention;
+      None for the whole field means every layer is global. A query at
+      position p sees keys at positions j with ``p - j < window``.
+    dtype: compute dtype (activations, matmul inputs, KV cache).
+    param_dtype: dtype the parameters are stored in.
+    attn_impl: "xla" (reference) or "pallas" (fused kernels).
+    remat: rematerialise each layer's activations in the backward pass
+      (``jax.checkpoint`` on the layer body in :func:`forward`).
+  """
+
+  vocab_size: int
+  d_model: int
+  n_layers: int
+  n_heads: int
+  n_kv_heads: int
+  head_dim: int
+  mlp_dim: int
+  mlp_activation: str = "silu"
+  norm_eps: float = 1e-6
+  norm_plus_one: bool = False
+  rope_theta: float = 10_000.0
+  qkv_bias: bool = False
+  qk_norm: bool = False
+  tie_embeddings: bool = False
+  embed_scale: bool = False
+  attn_logit_softcap: float | None = None
+  final_logit_softcap: float | None = None
+  sliding_windows: tuple[int | None, ...] | None = None
+  dtype: Any = "float32"
+  param_dtype: Any = "float32"
+  attn_impl: str = "xla"
+  remat: bool = False
+
+  def __post_init__(self):
+    # Lists are unhashable (and jit needs a hashable static config).
+    if isinstance(self.sliding_windows, list):
+      object.__setattr__(self, "sliding_windows", tuple(self.sliding_windows))
+
+  # --- presets ---------------------------------------------------------------
+
+  @classmethod
+  def tiny(cls, **overrides) -> TransformerConfig:
+    """A 2-layer GQA model for tests (26.8K parameters)."""
+    base = dict(vocab_size=128, d_model=32, n_layers=2, n_heads=4,
+                n_kv_heads=2, head_dim=8, mlp_dim=64)
+    return cls(**{**base, **overrides})
+
+  @classmethod
+  def llama_10m(cls, **overrides) -> TransformerConfig:
+    """A Llama-style benchmark model: 9.83M parameters.
+
+    Hidden 320, 8 layers, 5 heads of 64 (MHA), SwiGLU width 768, vocab 1024,
+    untied unembedding.
+    """
+    base = dict(vocab_size=1024, d_model=320, n_layers=8, n_heads=5,
+                n_kv_heads=5, head_dim=64, mlp_dim=768)
+    return cls(**{**base, **overrides})
+
+  # --- derived ---------------------------------------------------------------
+
+  @property
+  def compute_dtype(self) -> jnp.dtype:
+    return jnp.dtype(self.dtype)
+
+  @property
+  def params_dtype(self) -> jnp.dtype:
+    return jnp.dtype(self.param_dtype)
+
+  @property
+  def has_sliding_windows(self) -> bool:
+    return self.sliding_windows is not None and any(
+        w is not None for w in self.sliding_windows)
+
+  def layer_windows(self) -> np.ndarray:
+    """int32 ``[L]`` per-layer windows, global layers as ``NO_WINDOW``."""
+    windows = self.sliding_windows or (None,) * self.n_layers
+    return np.array([NO_WINDOW if w is None else w for w in windows], np.int32)
+
+  # --- validation ------------------------------------------------------------
+
+  def validate(self) -> TransformerConfig:
+    """Raise ``ValueError`` naming the first problem; return self if fine."""
+    for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
+                 "head_dim", "mlp_dim"):
+      value = getattr(self, name)
+      if not isinstance(value, (int, np.integer)) or isinstance(value, bool) \
+          or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if self.n_heads % self.n_kv_heads:
+      raise ValueError(
+          f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads "
+          f"({self.n_kv_heads})")
+    if self.head_dim % 2:
+      raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+    if self.mlp_activation not in MLP_ACTIVATIONS:
+      raise ValueError(f"mlp_activation must be one of {MLP_ACTIVATIONS}, "
+                       f"got {self.mlp_activation!r}")
+    if self.attn_impl not in ATTN_IMPLS:
+      raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, "
+                       f"got {self.attn_impl!r}")
+    if not self.norm_eps > 0:
+      raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
+    if not self.rope_theta > 0:
+      raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
+    for name in ("attn_logit_softcap", "final_logit_softcap"):
+      cap = getattr(self, name)
+      if cap is not None and not cap > 0:
+        raise ValueError(f"{name} must be None or > 0, got {cap}")
+    if self.sliding_windows is not None:
+      if len(self.sliding_windows) != self.n_layers:
+        raise ValueError(
+            f"sliding_windows has {len(self.sliding_windows)} entries but "
+            f"n_layers is {self.n_layers}")
+      for i, w in enumerate(self.sliding_windows):
+        if w is not None and (not isinstance(w, (int, np.integer))
+                              or isinstance(w, bool) or not 0 < w < NO_WINDOW):
+          raise ValueError(
+              f"sliding_windows[{i}] must be None or an int in "
+              f"[1, {NO_WINDOW}), got {w!r}")
+    for name in ("dtype", "param_dtype"):
+      try:
+        dt = jnp.dtype(getattr(self, name))
+      except TypeError as e:
+        raise ValueError(f"{name} is not a dtype: {getattr(self, name)!r}") from e
+      if not jnp.issubdtype(dt, jnp.floating):
+        raise ValueError(f"{name} must be a floating dtype, got {dt}")
+    return self

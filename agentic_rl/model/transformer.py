@@ -1,0 +1,321 @@
+"""The decoder-only policy transformer as pure functions over a params pytree.
+
+Params are a nested dict of arrays in ``config.param_dtype``; the per-layer
+weights are stacked on a leading ``layers`` axis and applied with
+``lax.scan`` (one compiled layer body, whatever the depth). Compute runs in
+``config.dtype``; RMSNorm, RoPE and the softmax run in fp32; logits are fp32.
+
+Layout (D model, H query heads, K kv heads, Dh head dim, F mlp, V vocab,
+L layers)::
+
+  embed [V, D]                     final_norm [D]      unembed [D, V] (untied)
+  layers/attn_norm [L, D]          layers/mlp_norm [L, D]
+  layers/wq [L, D, H, Dh]          layers/w_gate [L, D, F]
+  layers/wk, wv [L, D, K, Dh]      layers/w_up [L, D, F]
+  layers/wo [L, H, Dh, D]          layers/w_down [L, F, D]
+  layers/bq [L, H, Dh], bk, bv [L, K, Dh]     (qkv_bias)
+  layers/q_norm, k_norm [L, Dh]               (qk_norm)
+
+The building blocks below (``embed_tokens``, ``decoder_layer``,
+``output_logits``, ``check_tokens``, ...) are shared with ``kv_cache``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from agentic_rl.model.attention import attention
+from agentic_rl.model.config import TransformerConfig
+
+Params = dict[str, Any]
+# attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh) -> (out_BxTxHxDh, aux)
+AttendFn = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, Any]]
+
+
+# --- parameter table (one home for shapes, logical axes and init) -----------
+
+
+def _param_table(config: TransformerConfig) -> dict[str, Any]:
+  """Nested dict of ``(shape, axes, init)``; init is "ones", "zeros" or a std."""
+  D, H, K, Dh = config.d_model, config.n_heads, config.n_kv_heads, config.head_dim
+  F, V, L = config.mlp_dim, config.vocab_size, config.n_layers
+  norm = "zeros" if config.norm_plus_one else "ones"
+  layer = {
+      "attn_norm": ((D,), ("embed",), norm),
+      "wq": ((D, H, Dh), ("embed", "heads", "head_dim"), D ** -0.5),
+      "wk": ((D, K, Dh), ("embed", "kv_heads", "head_dim"), D ** -0.5),
+      "wv": ((D, K, Dh), ("embed", "kv_heads", "head_dim"), D ** -0.5),
+      "wo": ((H, Dh, D), ("heads", "head_dim", "embed"), (H * Dh) ** -0.5),
+      "mlp_norm": ((D,), ("embed",), norm),
+      "w_gate": ((D, F), ("embed", "mlp"), D ** -0.5),
+      "w_up": ((D, F), ("embed", "mlp"), D ** -0.5),
+      "w_down": ((F, D), ("mlp", "embed"), F ** -0.5),
+  }
+  if config.qkv_bias:
+    layer["bq"] = ((H, Dh), ("heads", "head_dim"), "zeros")
+    layer["bk"] = ((K, Dh), ("kv_heads", "head_dim"), "zeros")
+    layer["bv"] = ((K, Dh), ("kv_heads", "head_dim"), "zeros")
+  if config.qk_norm:
+    layer["q_norm"] = ((Dh,), ("head_dim",), norm)
+    layer["k_norm"] = ((Dh,), ("head_dim",), norm)
+  table = {
+      "embed": ((V, D), ("vocab", "embed"), D ** -0.5),
+      "layers": {name: ((L, *shape), ("layers", *axes), init)
+                 for name, (shape, axes, init) in layer.items()},
+      "final_norm": ((D,), ("embed",), norm),
+  }
+  if not config.tie_embeddings:
+    table["unembed"] = ((D, V), ("embed", "vocab"), D ** -0.5)
+  return table
+
+
+def _is_entry(x) -> bool:
+  return isinstance(x, tuple) and len(x) == 3 and isinstance(x[0], tuple)
+
+
+def init_params(config: TransformerConfig, key: jax.Array) -> Params:
+  """Random parameters (nested dict of ``param_dtype`` arrays).
+
+  Projections are ``N(0, fan_in ** -0.5)``, the embedding (and untied
+  unembedding) ``N(0, d_model ** -0.5)``, biases zero, norm scales one (zero
+  with ``norm_plus_one``, so the scale ``1 + w`` starts at one).
+  """
+  config.validate()
+  dtype = config.params_dtype
+  entries, treedef = jax.tree.flatten(_param_table(config), is_leaf=_is_entry)
+  keys = jax.random.split(key, len(entries))
+
+  def make(entry, k):
+    shape, _, init = entry
+    if init == "ones":
+      return jnp.ones(shape, dtype)
+    if init == "zeros":
+      return jnp.zeros(shape, dtype)
+    return (init * jax.random.normal(k, shape, jnp.float32)).astype(dtype)
+
+  return jax.tree.unflatten(treedef, [make(e, k) for e, k in zip(entries, keys)])
+
+
+def param_axes(config: TransformerConfig) -> Params:
+  """Same tree as :func:`init_params`, leaves are tuples of logical axis names.
+
+  Names: "layers", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab".
+  """
+  config.validate()
+  return jax.tree.map(lambda e: e[1], _param_table(config), is_leaf=_is_entry)
+
+
+# --- building blocks ----------------------------------------------------------
+
+
+def rms_norm(x: jax.Array, w: jax.Array, *, eps: float,
+             plus_one: bool) -> jax.Array:
+  """``x / sqrt(mean(x^2) + eps) * s`` over the last axis, ``s = w`` or
+  ``1 + w`` (Gemma); computed in fp32, returned in x's dtype."""
+  x32 = x.astype(jnp.float32)
+  y = x32 * lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  scale = w.astype(jnp.float32)
+  if plus_one:
+    scale = 1.0 + scale
+  return (y * scale).astype(x.dtype)
+
+
+def apply_rope(x_BxTxNxD: jax.Array, positions_BxT: jax.Array,
+               theta: float) -> jax.Array:
+  """Rotary embedding, Hugging Face "rotate_half" convention (Su et al. 2021).
+
+  With ``x = [x1, x2]`` split in halves along D and
+  ``a_i = pos / theta ** (2i / D)``: ``[x1 cos a - x2 sin a,
+  x2 cos a + x1 sin a]``. Computed in fp32, returned in x's dtype.
+  """
+  D = x_BxTxNxD.shape[-1]
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, D, 2, dtype=jnp.float32) / D))
+  angles_BxTxHalf = positions_BxT[..., None].astype(jnp.float32) * inv_freq
+  cos = jnp.cos(angles_BxTxHalf)[:, :, None, :]
+  sin = jnp.sin(angles_BxTxHalf)[:, :, None, :]
+  x1, x2 = jnp.split(x_BxTxNxD.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_BxTxNxD.dtype)
+
+
+def concrete_or_none(x) -> np.ndarray | None:
+  """x as a numpy array, or None when it is traced (under jit/vmap)."""
+  try:
+    return np.asarray(x)
+  except jax.errors.TracerArrayConversionError:
+    return None
+
+
+def check_tokens(tokens: jax.Array, vocab_size: int, ndim: int) -> jax.Array:
+  """Check token ids' rank and dtype and, when concrete, their range.
+
+  Under ``jit`` the values are traced and cannot be checked: the caller
+  guarantees ``0 <= id < vocab_size`` (an out-of-range id embeds as NaN).
+  """
+  tokens = jnp.asarray(tokens)
+  if tokens.ndim != ndim:
+    raise ValueError(f"tokens must have {ndim} dims, got shape {tokens.shape}")
+  if not jnp.issubdtype(tokens.dtype, jnp.integer):
+    raise ValueError(f"tokens must be integers, got dtype {tokens.dtype}")
+  values = concrete_or_none(tokens)
+  if values is not None and values.size:
+    lo, hi = values.min(), values.max()
+    if lo < 0 or hi >= vocab_size:
+      raise ValueError(f"token ids must be in [0, {vocab_size}), "
+                       f"got values in [{lo}, {hi}]")
+  return tokens
+
+
+def check_shape(name: str, x: jax.Array | None, shape: tuple[int, ...]):
+  """ValueError unless ``x`` is None or an integer array of ``shape``."""
+  if x is None:
+    return
+  if tuple(jnp.shape(x)) != shape:
+    raise ValueError(f"{name} must have shape {shape}, got {jnp.shape(x)}")
+  if not jnp.issubdtype(jnp.result_type(x), jnp.integer):
+    raise ValueError(f"{name} must be integers, got {jnp.result_type(x)}")
+
+
+def embed_tokens(params: Params, tokens_BxT: jax.Array,
+                 config: TransformerConfig) -> jax.Array:
+  """``embed[tokens]`` in compute dtype (``* sqrt(d_model)`` with embed_scale)."""
+  dtype = config.compute_dtype
+  x_BxTxD = jnp.take(params["embed"], tokens_BxT, axis=0).astype(dtype)
+  if config.embed_scale:
+    x_BxTxD = x_BxTxD * jnp.asarray(config.d_model ** 0.5, dtype)
+  return x_BxTxD
+
+
+def _dense(x: jax.Array, w: jax.Array, spec: str) -> jax.Array:
+  return jnp.einsum(spec, x, w.astype(x.dtype))
+
+
+def decoder_layer(x_BxTxD: jax.Array, p: Params, positions_BxT: jax.Array,
+                  config: TransformerConfig,
+                  attend: AttendFn) -> tuple[jax.Array, Any]:
+  """One pre-norm layer on one layer's params ``p`` (no ``layers`` axis).
+
+  ``attend(q, k, v)`` (q, k after qk-norm and RoPE) returns the attention
+  output and an auxiliary value (e.g. an updated KV cache) passed through.
+  """
+  eps, plus_one = config.norm_eps, config.norm_plus_one
+  h = rms_norm(x_BxTxD, p["attn_norm"], eps=eps, plus_one=plus_one)
+  q_BxTxHxDh = _dense(h, p["wq"], "btd,dhk->bthk")
+  k_BxTxKxDh = _dense(h, p["wk"], "btd,dhk->bthk")
+  v_BxTxKxDh = _dense(h, p["wv"], "btd,dhk->bthk")
+  if config.qkv_bias:
+    q_BxTxHxDh += p["bq"].astype(h.dtype)
+    k_BxTxKxDh += p["bk"].astype(h.dtype)
+    v_BxTxKxDh += p["bv"].astype(h.dtype)
+  if config.qk_norm:
+    q_BxTxHxDh = rms_norm(q_BxTxHxDh, p["q_norm"], eps=eps, plus_one=plus_one)
+    k_BxTxKxDh = rms_norm(k_BxTxKxDh, p["k_norm"], eps=eps, plus_one=plus_one)
+  q_BxTxHxDh = apply_rope(q_BxTxHxDh, positions_BxT, config.rope_theta)
+  k_BxTxKxDh = apply_rope(k_BxTxKxDh, positions_BxT, config.rope_theta)
+  o_BxTxHxDh, aux = attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh)
+  x_BxTxD = x_BxTxD + _dense(o_BxTxHxDh, p["wo"], "bthk,hkd->btd")
+
+  h = rms_norm(x_BxTxD, p["mlp_norm"], eps=eps, plus_one=plus_one)
+  gate_BxTxF = _dense(h, p["w_gate"], "btd,df->btf")
+  up_BxTxF = _dense(h, p["w_up"], "btd,df->btf")
+  if config.mlp_activation == "silu":
+    act_BxTxF = jax.nn.silu(gate_BxTxF)
+  else:
+    act_BxTxF = jax.nn.gelu(gate_BxTxF, approximate=True)
+  x_BxTxD = x_BxTxD + _dense(act_BxTxF * up_BxTxF, p["w_down"], "btf,fd->btd")
+  return x_BxTxD, aux
+
+
+def unembedding(params: Params, config: TransformerConfig) -> jax.Array:
+  """``[D, V]`` output matrix in compute dtype: ``embed.T`` when tied.
+
+  ``logits = final_logit_softcap(hidden @ unembedding)`` with fp32
+  accumulation reproduces :func:`forward`'s logits from its hidden states.
+  """
+  w_DxV = params["embed"].T if config.tie_embeddings else params["unembed"]
+  return w_DxV.astype(config.compute_dtype)
+
+
+def output_logits(params: Params, x_BxTxD: jax.Array,
+                  config: TransformerConfig) -> tuple[jax.Array, jax.Array]:
+  """Final norm then fp32 logits; returns ``(logits_BxTxV, hidden_BxTxD)``."""
+  hidden_BxTxD = rms_norm(x_BxTxD, params["final_norm"], eps=config.norm_eps,
+                          plus_one=config.norm_plus_one)
+  logits_BxTxV = jnp.einsum("btd,dv->btv", hidden_BxTxD,
+                            unembedding(params, config),
+                            preferred_element_type=jnp.float32)
+  cap = config.final_logit_softcap
+  if cap is not None:
+    logits_BxTxV = cap * jnp.tanh(logits_BxTxV / cap)
+  return logits_BxTxV, hidden_BxTxD
+
+
+def layer_window(window: jax.Array, config: TransformerConfig):
+  """The scanned per-layer window, or None (static) when all are global."""
+  return window if config.has_sliding_windows else None
+
+
+# --- forward ------------------------------------------------------------------
+
+
+def forward(
+    params: Params,
+    tokens_BxT: jax.Array,
+    config: TransformerConfig,
+    *,
+    positions_BxT: jax.Array | None = None,
+    segment_ids_BxT: jax.Array | None = None,
+    return_hidden: bool = False,
+):
+  """Full-sequence forward pass.
+
+  Args:
+    params: from :func:`init_params` (or ``hf.load_hf_checkpoint``).
+    tokens_BxT: int token ids in ``[0, vocab_size)`` (checked when concrete;
+      under jit the caller guarantees it).
+    config: the model config (static under jit).
+    positions_BxT: int RoPE positions; default ``arange(T)`` per row. They
+      drive RoPE only: the mask is causal in sequence order.
+    segment_ids_BxT: int ids; tokens attend only within their segment, so
+      packed sequences (or padding, e.g. id 0) stay isolated.
+    return_hidden: also return the final-normed hidden state.
+
+  Returns:
+    fp32 ``logits_BxTxV``, or ``(logits_BxTxV, hidden_BxTxD)`` with hidden in
+    compute dtype (``logits = softcap(hidden @ unembedding(params, config))``).
+  """
+  config.validate()
+  tokens_BxT = check_tokens(tokens_BxT, config.vocab_size, ndim=2)
+  B, T = tokens_BxT.shape
+  check_shape("positions_BxT", positions_BxT, (B, T))
+  check_shape("segment_ids_BxT", segment_ids_BxT, (B, T))
+  if positions_BxT is None:
+    positions_BxT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+
+  def body(x_BxTxD, layer):
+    p, window = layer
+
+    def attend(q, k, v):
+      out = attention(q, k, v, impl=config.attn_impl,
+                      segment_ids_BxT=segment_ids_BxT,
+                      sliding_window=layer_window(window, config),
+                      softcap=config.attn_logit_softcap)
+      return out, None
+
+    x_BxTxD, _ = decoder_layer(x_BxTxD, p, positions_BxT, config, attend)
+    return x_BxTxD, None
+
+  if config.remat:
+    body = jax.checkpoint(body)
+  x_BxTxD = embed_tokens(params, tokens_BxT, config)
+  windows_L = jnp.asarray(config.layer_windows())
+  x_BxTxD, _ = lax.scan(body, x_BxTxD, (params["layers"], windows_L))
+  logits_BxTxV, hidden_BxTxD = output_logits(params, x_BxTxD, config)
+  if return_hidden:
+    return logits_BxTxV, hidden_BxTxD
+  return logits_BxTxV

@@ -1,0 +1,143 @@
+"""Parity of agentic_rl.model with Hugging Face Llama / Qwen2 (torch, CPU, fp32)."""
+
+import dataclasses
+import json
+
+import jax
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from agentic_rl import model
+from agentic_rl.model import hf
+
+VOCAB, SEQ = 128, 12
+
+
+@pytest.fixture(autouse=True)
+def _full_precision():
+  with jax.default_matmul_precision("float32"):
+    yield
+
+
+def _tiny_hf_model(arch: str, tie: bool, **extra):
+  torch = pytest.importorskip("torch", reason="torch is needed for HF parity")
+  transformers = pytest.importorskip(
+      "transformers", reason="transformers is needed for HF parity")
+  torch.manual_seed(0)
+  kwargs = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96,
+                num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, rms_norm_eps=1e-5,
+                rope_parameters={"rope_type": "default", "rope_theta": 5000.0},
+                tie_word_embeddings=tie, **extra)
+  if arch == "llama":
+    net = transformers.LlamaForCausalLM(transformers.LlamaConfig(**kwargs))
+  else:
+    net = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kwargs))
+  with torch.no_grad():  # Non-trivial norms and biases, so a mix-up shows.
+    for p in net.parameters():
+      p.add_(0.1 * torch.randn_like(p))
+  return torch, net.eval()
+
+
+def _torch_logits(torch, net, tokens):
+  with torch.no_grad():
+    return net(torch.tensor(tokens)).logits.numpy()
+
+
+def _tokens(seed=0):
+  return np.random.default_rng(seed).integers(0, VOCAB, (2, SEQ))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("tie", [False, True])
+def test_logits_match_torch(arch, tie, tmp_path):
+  torch, net = _tiny_hf_model(arch, tie)
+  net.save_pretrained(tmp_path, safe_serialization=True)
+  config, params = hf.load_hf_checkpoint(str(tmp_path))
+  assert config.tie_embeddings == tie
+  assert config.qkv_bias == (arch == "qwen2")
+  assert config.rope_theta == 5000.0 and config.norm_eps == 1e-5
+  assert (config.n_heads, config.n_kv_heads, config.head_dim) == (4, 2, 16)
+  assert ("unembed" in params) == (not tie)
+  tokens = _tokens()
+  ours = np.asarray(model.forward(params, tokens, config))
+  theirs = _torch_logits(torch, net, tokens)
+  assert ours.dtype == np.float32
+  np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=0)
+
+
+def test_sharded_checkpoint_and_bf16_compute(tmp_path):
+  torch, net = _tiny_hf_model("llama", tie=False)
+  net.save_pretrained(tmp_path, safe_serialization=True, max_shard_size="40KB")
+  assert (tmp_path / "model.safetensors.index.json").exists()
+  assert len(list(tmp_path.glob("*.safetensors"))) > 1
+  config, params = hf.load_hf_checkpoint(str(tmp_path), dtype="bfloat16")
+  assert config.dtype == "bfloat16"
+  assert params["embed"].dtype == np.float32
+  tokens = _tokens(1)
+  ours = np.asarray(model.forward(params, tokens, config))
+  theirs = _torch_logits(torch, net, tokens)
+  assert np.abs(ours - theirs).max() < 0.1  # bf16 compute, fp32 params.
+
+
+def test_qwen2_sliding_window_matches_torch(tmp_path):
+  torch, net = _tiny_hf_model("qwen2", tie=False, use_sliding_window=True,
+                              sliding_window=3, max_window_layers=1)
+  net.save_pretrained(tmp_path, safe_serialization=True)
+  config, params = hf.load_hf_checkpoint(str(tmp_path))
+  assert config.sliding_windows == (None, 3)
+  tokens = _tokens(2)
+  ours = np.asarray(model.forward(params, tokens, config))
+  np.testing.assert_allclose(ours, _torch_logits(torch, net, tokens),
+                             atol=1e-4, rtol=0)
+  # The window matters: the same weights with global attention differ.
+  glob = model.forward(params, tokens,
+                       dataclasses.replace(config, sliding_windows=None))
+  assert np.abs(np.asarray(glob) - ours).max() > 1e-3
+
+
+_LLAMA_JSON = dict(architectures=["LlamaForCausalLM"], model_type="llama",
+                   vocab_size=32, hidden_size=16, intermediate_size=32,
+                   num_hidden_layers=1, num_attention_heads=2)
+
+
+def test_config_from_hf_defaults_and_old_style_rope():
+  config = hf.config_from_hf({**_LLAMA_JSON, "rope_theta": 123.0,
+                              "rope_scaling": None})
+  assert config.rope_theta == 123.0
+  assert (config.n_kv_heads, config.head_dim) == (2, 8)
+  assert not config.tie_embeddings and not config.qkv_bias
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(architectures=["GPT2LMHeadModel"], model_type="gpt2"),
+     "LlamaForCausalLM.*Qwen2ForCausalLM"),
+    (dict(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5}),
+     "llama3"),
+    (dict(rope_scaling={"type": "linear", "factor": 2.0}), "linear"),
+    (dict(attention_bias=True), "attention_bias"),
+    (dict(hidden_act="relu"), "relu"),
+])
+def test_config_from_hf_rejects_unsupported(bad, match):
+  with pytest.raises(ValueError, match=match):
+    hf.config_from_hf({**_LLAMA_JSON, **bad})
+
+
+def test_unsupported_architecture_checkpoint_raises(tmp_path):
+  (tmp_path / "config.json").write_text(json.dumps(
+      {**_LLAMA_JSON, "architectures": ["MistralForCausalLM"],
+       "model_type": "mistral"}))
+  with pytest.raises(ValueError, match="supported.*LlamaForCausalLM"):
+    hf.load_hf_checkpoint(str(tmp_path))
+
+
+def test_unexpected_tensor_raises(tmp_path):
+  _, net = _tiny_hf_model("llama", tie=False)
+  net.save_pretrained(tmp_path, safe_serialization=True)
+  path = tmp_path / "model.safetensors"
+  tensors = load_file(path)
+  tensors["model.layers.0.self_attn.o_proj.bias"] = np.zeros(64, np.float32)
+  save_file(tensors, path)
+  with pytest.raises(ValueError, match="o_proj.bias"):
+    hf.load_hf_checkpoint(str(tmp_path))
