@@ -1,0 +1,25 @@
+"""Invariant I3, bounded distribution shift: monitors and controllers.
+
+- ``monitors``: staleness (mean, max, histogram) and behaviour/learner
+  mismatch (log-prob gap, K3 KL, importance ratios);
+- ``weights``: per-token loss weights enforcing ``max_staleness``, masking
+  partial-rollout segments, and applying the TIS / MIS (IcePop) / mask / OPSM
+  correction;
+- ``fifo``: windowed-FIFO collection of finished groups in asynchronous mode.
+
+Switches live in ``ShiftConfig``; everything defaults to off.
+"""
+
+from agentic_rl.invariants.shift.config import ShiftConfig
+from agentic_rl.invariants.shift.fifo import (LaunchQueue, collect, fifo_window, finish,
+                                              init_queue, launch)
+from agentic_rl.invariants.shift.monitors import (check_versions, shift_metrics, staleness,
+                                                  staleness_histogram)
+from agentic_rl.invariants.shift.weights import (correction_weights, partial_rollout_weights,
+                                                 shift_weights, staleness_weights)
+
+__all__ = [
+    "LaunchQueue", "ShiftConfig", "check_versions", "collect", "correction_weights",
+    "fifo_window", "finish", "init_queue", "launch", "partial_rollout_weights", "shift_metrics",
+    "shift_weights", "staleness", "staleness_histogram", "staleness_weights",
+]
