@@ -1,1 +1,22 @@
-"""Pallas kernels, installed as ``agentic_rl.kernels``."""
+"""Pallas kernels, installed as ``agentic_rl.kernels``.
+
+Every op takes ``impl``: ``"pallas"`` (Triton kernels on GPU, the same
+kernels interpreted on CPU; no Mosaic TPU kernels, so TPU raises), ``"xla"``
+(the pure-JAX references in :mod:`agentic_rl.kernels.reference`), plus
+``"cudnn"`` for :func:`flash_attention` and ``"xla_chunked"`` for
+:func:`token_logprobs`.
+"""
+
+from agentic_rl.kernels.decode_attention import DecodeBlockSizes
+from agentic_rl.kernels.decode_attention import decode_attention
+from agentic_rl.kernels.flash_attention import AttentionBlockSizes
+from agentic_rl.kernels.flash_attention import flash_attention
+from agentic_rl.kernels.reference import NO_WINDOW
+
+__all__ = [
+    "AttentionBlockSizes",
+    "DecodeBlockSizes",
+    "NO_WINDOW",
+    "decode_attention",
+    "flash_attention",
+]

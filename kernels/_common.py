@@ -1,0 +1,102 @@
+"""Shared plumbing for the kernels: backend choice, argument checks, padding.
+
+Pallas kernels here are written for the Triton backend (``impl="pallas"`` on
+GPU). On CPU the very same kernels run with ``interpret=True`` so that tests
+run everywhere. TPU has no Mosaic version of these kernels: asking for
+``impl="pallas"`` there raises a ``ValueError`` pointing at ``impl="xla"``.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# Smallest tile edge: Triton's tensor-core dot needs M, N, K >= 16.
+MIN_BLOCK = 16
+
+
+def check_impl(op: str, impl: str, allowed: tuple[str, ...]) -> None:
+  if impl not in allowed:
+    raise ValueError(f"{op}: unknown impl {impl!r}; expected one of {allowed}")
+
+
+def pallas_interpret(op: str) -> bool:
+  """Whether ``impl="pallas"`` runs interpreted (CPU) or compiled (GPU)."""
+  backend = jax.default_backend()
+  if backend == "cpu":
+    return True
+  if backend in ("gpu", "cuda", "rocm"):
+    return False
+  raise ValueError(
+      f"{op}: impl='pallas' has Triton (GPU) kernels only, and runs them "
+      f"interpreted on CPU; there is no Mosaic kernel for backend "
+      f"{backend!r}. Use impl='xla'.")
+
+
+def next_pow2(n: int) -> int:
+  return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def round_up(n: int, m: int) -> int:
+  return -(-n // m) * m
+
+
+def block_size(requested: int, extent: int, name: str) -> int:
+  """A power-of-two tile edge >= 16, no larger than ``extent`` needs."""
+  if requested < MIN_BLOCK or requested & (requested - 1):
+    raise ValueError(
+        f"{name} must be a power of two >= {MIN_BLOCK}, got {requested}")
+  return min(requested, max(MIN_BLOCK, next_pow2(extent)))
+
+
+def pad_axis(x: jax.Array, axis: int, size: int, value=0) -> jax.Array:
+  """Pads ``x`` with ``value`` at the end of ``axis`` up to ``size``."""
+  extra = size - x.shape[axis]
+  if extra == 0:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, extra)
+  return jnp.pad(x, widths, constant_values=value)
+
+
+def static_positive_float(op: str, name: str, value) -> float | None:
+  """``None`` or a Python float > 0 (kernels specialise on it)."""
+  if value is None:
+    return None
+  if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    raise ValueError(
+        f"{op}: {name} must be a Python number (it is compiled into the "
+        f"kernel), got {type(value).__name__}")
+  value = float(value)
+  if not np.isfinite(value) or value <= 0:
+    raise ValueError(f"{op}: {name} must be finite and > 0, got {value}")
+  return value
+
+
+def window_operand(op: str, window) -> jax.Array | None:
+  """``None``, or the sliding window as an int32 scalar array.
+
+  A Python int must be >= 1; a (possibly traced) integer scalar array is
+  passed through to the kernels as an operand, so per-layer windows can be
+  scanned over (``reference.NO_WINDOW`` means global attention).
+  """
+  if window is None:
+    return None
+  if isinstance(window, bool):
+    raise ValueError(f"{op}: sliding_window must be an int, got a bool")
+  if isinstance(window, numbers.Integral):
+    if window < 1:
+      raise ValueError(f"{op}: sliding_window must be >= 1, got {window}")
+    return jnp.asarray(window, jnp.int32)
+  if not hasattr(window, "dtype") or not hasattr(window, "shape"):
+    raise ValueError(
+        f"{op}: sliding_window must be an int or an integer scalar array, "
+        f"got {type(window).__name__}")
+  if np.shape(window) != () or not jnp.issubdtype(window.dtype, jnp.integer):
+    raise ValueError(
+        f"{op}: sliding_window must be an integer scalar, got shape "
+        f"{np.shape(window)} dtype {window.dtype}")
+  return jnp.asarray(window, jnp.int32)

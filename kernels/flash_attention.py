@@ -1,0 +1,643 @@
+"""Flash attention: Pallas (Triton) forward and backward kernels.
+
+Algorithm: FlashAttention-2 (Dao, 2023, arXiv:2307.08691). For each block of
+queries the kernel streams key/value blocks, keeping the running row max
+``m``, the running softmax denominator ``l`` and the unnormalised output in
+fp32 (the "online softmax"); it stores ``lse = m + log l`` for the backward
+pass, which recomputes ``P = exp(S - lse)`` block by block:
+
+    dV = P^T dO,   dP = dO V^T,   dS = P * (dP - delta),   delta = rowsum(O * dO)
+    dQ = scale * dS K,   dK = scale * dS^T Q
+
+(with a soft-cap ``S = c * tanh(S_raw / c)`` the chain rule adds a factor
+``1 - tanh^2``). Masking follows :func:`agentic_rl.kernels.reference.attention`
+exactly: query ``t`` sees key ``s`` iff (not causal or ``s <= t``), ``t - s <
+window`` and the segment ids agree; positions are ``arange``. Rows that see no
+key return zeros and get zero gradients.
+
+Layout is ``[batch, time, heads, head_dim]`` like
+``jax.nn.dot_product_attention``; key/value may have fewer heads (GQA/MQA):
+query head ``h`` reads key/value head ``h // (H // K)``. Lengths that are not
+block multiples are zero-padded in the wrapper (padded keys are masked, padded
+query rows are sliced off), and the head dim is padded to a power of two, as
+Triton tiles must be powers of two.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from agentic_rl.kernels import _common
+from agentic_rl.kernels import reference
+
+# Finite "minus infinity" for masked logits: keeps every exp() argument finite.
+_MASKED = -0.7 * float(np.finfo(np.float32).max)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionBlockSizes:
+  """Tile sizes (powers of two >= 16) and Triton launch parameters.
+
+  ``block_q``/``block_k``: forward query tile and streamed key tile.
+  ``*_dq``: the dQ kernel (query tile, streamed key tile). ``*_dkv``: the
+  dK/dV kernel (key tile, streamed query tile). Tiles are clipped to the
+  sequence length, so small inputs use small tiles.
+  """
+  block_q: int = 128
+  block_k: int = 64
+  block_q_dq: int = 64
+  block_k_dq: int = 64
+  block_q_dkv: int = 64
+  block_k_dkv: int = 64
+  num_warps_fwd: int = 8
+  num_warps_bwd: int = 8
+  num_stages: int = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+  """Everything the kernels specialise on (hashable: a custom_vjp static)."""
+  causal: bool
+  softcap: float | None
+  scale: float
+  has_segments: bool
+  has_window: bool
+  T: int  # true query length
+  S: int  # true key length
+  Tp: int  # padded lengths
+  Sp: int
+  Dp: int  # padded head dim
+  groups: int  # query heads per key/value head
+  bq: int
+  bk: int
+  bq_dq: int
+  bk_dq: int
+  bq_dkv: int
+  bk_dkv: int
+  num_warps_fwd: int
+  num_warps_bwd: int
+  num_stages: int
+  interpret: bool
+
+
+def _make_config(q_shape, k_shape, *, causal, softcap, has_segments,
+                 has_window, blocks: AttentionBlockSizes, interpret) -> _Config:
+  _, T, H, D = q_shape
+  S, K = k_shape[1], k_shape[2]
+  name = "AttentionBlockSizes."
+  bq = _common.block_size(blocks.block_q, T, name + "block_q")
+  bk = _common.block_size(blocks.block_k, S, name + "block_k")
+  bq_dq = _common.block_size(blocks.block_q_dq, T, name + "block_q_dq")
+  bk_dq = _common.block_size(blocks.block_k_dq, S, name + "block_k_dq")
+  bq_dkv = _common.block_size(blocks.block_q_dkv, T, name + "block_q_dkv")
+  bk_dkv = _common.block_size(blocks.block_k_dkv, S, name + "block_k_dkv")
+  return _Config(
+      causal=causal, softcap=softcap, scale=float(D) ** -0.5,
+      has_segments=has_segments, has_window=has_window, T=T, S=S,
+      Tp=_common.round_up(T, max(bq, bq_dq, bq_dkv)),
+      Sp=_common.round_up(S, max(bk, bk_dq, bk_dkv)),
+      Dp=max(_common.MIN_BLOCK, _common.next_pow2(D)), groups=H // K,
+      bq=bq, bk=bk, bq_dq=bq_dq, bk_dq=bk_dq, bq_dkv=bq_dkv, bk_dkv=bk_dkv,
+      num_warps_fwd=blocks.num_warps_fwd, num_warps_bwd=blocks.num_warps_bwd,
+      num_stages=blocks.num_stages, interpret=interpret)
+
+
+# --------------------------------------------------------------------------
+# In-kernel helpers (shared by the forward, dQ and dK/dV kernels).
+
+
+def _dot_nt(a, b):
+  """``a @ b.T`` with fp32 accumulation."""
+  return lax.dot_general(a, b, (((1,), (1,)), ((), ())),
+                         preferred_element_type=jnp.float32)
+
+
+def _dot_tn(a, b):
+  """``a.T @ b`` with fp32 accumulation."""
+  return lax.dot_general(a, b, (((0,), (0,)), ((), ())),
+                         preferred_element_type=jnp.float32)
+
+
+def _dot(a, b):
+  return jnp.dot(a, b, preferred_element_type=jnp.float32)
+
+
+def _logits(cfg: _Config, q, k):
+  """Scaled (and soft-capped) logits ``[bq, bk]`` fp32, and tanh or None."""
+  s = _dot_nt(q, k) * cfg.scale
+  if cfg.softcap is None:
+    return s, None
+  t = jnp.tanh(s / cfg.softcap)
+  return cfg.softcap * t, t
+
+
+def _visible(cfg: _Config, q_pos, k_pos, q_seg, k_seg, window):
+  """Boolean ``[bq, bk]`` visibility, or None when everything is visible."""
+  qp, kp = q_pos[:, None], k_pos[None, :]
+  mask = None
+
+  def conj(m, c):
+    return c if m is None else m & c
+
+  if cfg.causal:
+    mask = conj(mask, kp <= qp)
+  if window is not None:
+    mask = conj(mask, qp - kp < window)
+  if q_seg is not None:
+    mask = conj(mask, q_seg[:, None] == k_seg[None, :])
+  if cfg.Sp > cfg.S:  # zero-padded keys
+    mask = conj(mask, kp < cfg.S)
+  if mask is not None:
+    mask = jnp.broadcast_to(mask, (q_pos.shape[0], k_pos.shape[0]))
+  return mask
+
+
+def _key_blocks(cfg: _Config, q_start, bq, bk, window):
+  """Half-open range of key blocks that queries [q_start, q_start+bq) see."""
+  hi = pl.cdiv(cfg.S, bk)
+  if cfg.causal:
+    hi = jnp.minimum(hi, lax.div(q_start + bq + bk - 1, bk))
+  lo = 0
+  if window is not None:
+    lo = lax.div(jnp.maximum(q_start - window + 1, 0), bk)
+  return lo, hi
+
+
+def _query_blocks(cfg: _Config, k_start, bk, bq, window):
+  """Half-open range of query blocks that see keys [k_start, k_start+bk)."""
+  hi = pl.cdiv(cfg.T, bq)
+  if window is not None:  # t - s < window  =>  t <= k_last + window - 1
+    hi = jnp.minimum(hi, lax.div(k_start + bk - 1 + window - 1, bq) + 1)
+  lo = lax.div(k_start, bq) if cfg.causal else 0
+  return lo, hi
+
+
+def _needs_mask(cfg: _Config) -> bool:
+  return (cfg.causal or cfg.has_window or cfg.has_segments or cfg.Sp > cfg.S)
+
+
+def _spans(lo, hi, full):
+  """Splits block range [lo, hi) into (start, stop, masked) loops.
+
+  ``full`` is None (every block needs the mask) or the range of blocks in
+  which every pair is visible; those run without mask arithmetic.
+  """
+  if full is None:
+    return [(lo, hi, True)]
+  full_lo, full_hi = full
+  a = jnp.clip(full_lo, lo, hi)
+  b = jnp.clip(full_hi, a, hi)
+  return [(lo, a, True), (a, b, False), (b, hi, True)]
+
+
+def _full_key_blocks(cfg: _Config, q_start, bq, bk, window):
+  """Key blocks fully visible to queries [q_start, q_start+bq), or None."""
+  if cfg.has_segments:
+    return None
+  full_lo, full_hi = 0, cfg.S // bk  # blocks free of padded keys
+  if cfg.causal:  # last key <= first query
+    full_hi = jnp.minimum(full_hi, lax.div(q_start + 1, bk))
+  if window is not None:  # last query - first key < window
+    full_lo = lax.div(jnp.maximum(q_start + bq - 1 - window + bk, 0), bk)
+  return full_lo, full_hi
+
+
+def _full_query_blocks(cfg: _Config, k_start, bk, bq, window):
+  """Query blocks that see all keys [k_start, k_start+bk), or None."""
+  if cfg.has_segments:
+    return None
+  full_lo, full_hi = 0, pl.cdiv(cfg.T, bq)
+  if cfg.Sp > cfg.S:  # a block holding padded keys is never fully visible
+    full_hi = jnp.where(k_start + bk > cfg.S, 0, full_hi)
+  if cfg.causal:  # first query >= last key
+    full_lo = lax.div(k_start + bk - 1 + bq - 1, bq)
+  if window is not None:  # last query - first key < window
+    full_hi = jnp.minimum(
+        full_hi, lax.div(jnp.maximum(window + k_start + 1 - bq, 0) + bq - 1, bq))
+  return full_lo, full_hi
+
+
+def _split_refs(cfg: _Config, refs, n_main: int):
+  """Splits kernel refs into (main inputs, q_seg, k_seg, window, outputs)."""
+  refs = list(refs)
+  main, rest = refs[:n_main], refs[n_main:]
+  q_seg = k_seg = window = None
+  if cfg.has_segments:
+    q_seg, k_seg, *rest = rest
+  if cfg.has_window:
+    window, *rest = rest
+  return main, q_seg, k_seg, window, rest
+
+
+def _loop(spans, body, carry):
+  """Runs ``body(masked, i, carry)`` over each (start, stop, masked) span."""
+  for start, stop, masked in spans:
+    carry = lax.fori_loop(start, stop, functools.partial(body, masked), carry)
+  return carry
+
+
+def _block_ranges(cfg, start, size, other, window, blocks, full_blocks):
+  lo, hi = blocks(cfg, start, size, other, window)
+  if not _needs_mask(cfg):
+    return [(lo, hi, False)]
+  return _spans(lo, hi, full_blocks(cfg, start, size, other, window))
+
+
+# --------------------------------------------------------------------------
+# Kernels.
+
+
+def _fwd_kernel(*refs, cfg: _Config):
+  (q_ref, k_ref, v_ref), qs_ref, ks_ref, w_ref, (o_ref, lse_ref) = (
+      _split_refs(cfg, refs, 3))
+  bq, bk = cfg.bq, cfg.bk
+  q_start = pl.program_id(0) * bq
+  q = q_ref[...]
+  q_pos = q_start + lax.iota(jnp.int32, bq)
+  q_seg = None if qs_ref is None else qs_ref[...]
+  window = None if w_ref is None else w_ref[()]
+
+  def body(masked, j, carry):
+    acc, m, l = carry
+    k_start = pl.multiple_of(j * bk, bk)
+    k = k_ref[pl.ds(k_start, bk), :]
+    v = v_ref[pl.ds(k_start, bk), :]
+    s, _ = _logits(cfg, q, k)
+    mask = None
+    if masked:
+      k_seg = None if ks_ref is None else ks_ref[pl.ds(k_start, bk)]
+      mask = _visible(cfg, q_pos, k_start + lax.iota(jnp.int32, bk), q_seg,
+                      k_seg, window)
+    if mask is not None:
+      s = jnp.where(mask, s, _MASKED)
+    m_new = jnp.maximum(m, jnp.max(s, axis=1))
+    p = jnp.exp(s - m_new[:, None])
+    if mask is not None:
+      p = jnp.where(mask, p, 0.0)
+    alpha = jnp.exp(m - m_new)
+    l = alpha * l + jnp.sum(p, axis=1)
+    acc = alpha[:, None] * acc + _dot(p.astype(v.dtype), v)
+    return acc, m_new, l
+
+  init = (jnp.zeros((bq, cfg.Dp), jnp.float32),
+          jnp.full((bq,), _MASKED, jnp.float32),
+          jnp.zeros((bq,), jnp.float32))
+  spans = _block_ranges(cfg, q_start, bq, bk, window, _key_blocks,
+                        _full_key_blocks)
+  acc, m, l = _loop(spans, body, init)
+  seen = l > 0.0
+  l_safe = jnp.where(seen, l, 1.0)
+  o_ref[...] = (acc / l_safe[:, None]).astype(o_ref.dtype)
+  # Rows that see nothing store lse = 0: their P is masked to 0 anyway.
+  lse_ref[...] = jnp.where(seen, m + jnp.log(l_safe), 0.0)
+
+
+def _dq_kernel(*refs, cfg: _Config):
+  (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref), qs_ref, ks_ref, w_ref, (
+      dq_ref,) = _split_refs(cfg, refs, 6)
+  bq, bk = cfg.bq_dq, cfg.bk_dq
+  q_start = pl.program_id(0) * bq
+  q = q_ref[...]
+  do = do_ref[...]
+  lse = lse_ref[...]
+  delta = delta_ref[...]
+  q_pos = q_start + lax.iota(jnp.int32, bq)
+  q_seg = None if qs_ref is None else qs_ref[...]
+  window = None if w_ref is None else w_ref[()]
+
+  def body(masked, j, dq):
+    k_start = pl.multiple_of(j * bk, bk)
+    k = k_ref[pl.ds(k_start, bk), :]
+    v = v_ref[pl.ds(k_start, bk), :]
+    s, t = _logits(cfg, q, k)
+    mask = None
+    if masked:
+      k_seg = None if ks_ref is None else ks_ref[pl.ds(k_start, bk)]
+      mask = _visible(cfg, q_pos, k_start + lax.iota(jnp.int32, bk), q_seg,
+                      k_seg, window)
+    p = jnp.exp(s - lse[:, None])
+    if mask is not None:
+      p = jnp.where(mask, p, 0.0)
+    ds = p * (_dot_nt(do, v) - delta[:, None])
+    if t is not None:
+      ds = ds * (1.0 - t * t)
+    return dq + _dot(ds.astype(k.dtype), k)
+
+  spans = _block_ranges(cfg, q_start, bq, bk, window, _key_blocks,
+                        _full_key_blocks)
+  dq = _loop(spans, body, jnp.zeros((bq, cfg.Dp), jnp.float32))
+  dq_ref[...] = (dq * cfg.scale).astype(dq_ref.dtype)
+
+
+def _dkdv_kernel(*refs, cfg: _Config):
+  (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref), qs_ref, ks_ref, w_ref, (
+      dk_ref, dv_ref) = _split_refs(cfg, refs, 6)
+  bq, bk = cfg.bq_dkv, cfg.bk_dkv
+  k_start = pl.program_id(0) * bk
+  k = k_ref[...]
+  v = v_ref[...]
+  k_pos = k_start + lax.iota(jnp.int32, bk)
+  k_seg = None if ks_ref is None else ks_ref[...]
+  window = None if w_ref is None else w_ref[()]
+  spans = _block_ranges(cfg, k_start, bk, bq, window, _query_blocks,
+                        _full_query_blocks)
+
+  def group(g, carry):
+    def body(masked, i, carry):
+      dk, dv = carry
+      q_start = pl.multiple_of(i * bq, bq)
+      rows = pl.ds(q_start, bq)
+      q = q_ref[rows, g, :]
+      do = do_ref[rows, g, :]
+      lse = lse_ref[g, rows]
+      delta = delta_ref[g, rows]
+      s, t = _logits(cfg, q, k)
+      mask = None
+      if masked:
+        q_seg = None if qs_ref is None else qs_ref[rows]
+        mask = _visible(cfg, q_start + lax.iota(jnp.int32, bq), k_pos, q_seg,
+                        k_seg, window)
+      p = jnp.exp(s - lse[:, None])
+      if mask is not None:
+        p = jnp.where(mask, p, 0.0)
+      dv = dv + _dot_tn(p.astype(do.dtype), do)
+      ds = p * (_dot_nt(do, v) - delta[:, None])
+      if t is not None:
+        ds = ds * (1.0 - t * t)
+      dk = dk + _dot_tn(ds.astype(q.dtype), q)
+      return dk, dv
+    return _loop(spans, body, carry)
+
+  zeros = jnp.zeros((bk, cfg.Dp), jnp.float32)
+  if cfg.groups == 1:
+    dk, dv = group(0, (zeros, zeros))
+  else:
+    dk, dv = lax.fori_loop(0, cfg.groups, group, (zeros, zeros))
+  dk_ref[...] = (dk * cfg.scale).astype(dk_ref.dtype)
+  dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+# --------------------------------------------------------------------------
+# pallas_call wrappers (inputs already padded).
+
+
+def _extra_operands(cfg: _Config, q_seg, k_seg, window, q_block, k_block):
+  """Specs/operands for segment ids and window; blocks are (shape, index)."""
+  specs, args = [], []
+  if cfg.has_segments:
+    specs += [pl.BlockSpec(*q_block), pl.BlockSpec(*k_block)]
+    args += [q_seg, k_seg]
+  if cfg.has_window:
+    specs.append(pl.BlockSpec((), lambda *_: ()))
+    args.append(window)
+  return specs, args
+
+
+def _forward(cfg: _Config, q, k, v, q_seg, k_seg, window):
+  B, _, H, _ = q.shape
+  G, bq, Dp, Sp = cfg.groups, cfg.bq, cfg.Dp, cfg.Sp
+  specs = [
+      pl.BlockSpec((None, bq, None, Dp), lambda i, b, h: (b, i, h, 0)),
+      pl.BlockSpec((None, Sp, None, Dp), lambda i, b, h: (b, 0, h // G, 0)),
+      pl.BlockSpec((None, Sp, None, Dp), lambda i, b, h: (b, 0, h // G, 0)),
+  ]
+  extra_specs, extra = _extra_operands(
+      cfg, q_seg, k_seg, window,
+      ((None, bq), lambda i, b, h: (b, i)),
+      ((None, Sp), lambda i, b, h: (b, 0)))
+  return pl.pallas_call(
+      functools.partial(_fwd_kernel, cfg=cfg),
+      grid=(cfg.Tp // bq, B, H),
+      in_specs=specs + extra_specs,
+      out_specs=[
+          pl.BlockSpec((None, bq, None, Dp), lambda i, b, h: (b, i, h, 0)),
+          pl.BlockSpec((None, None, bq), lambda i, b, h: (b, h, i)),
+      ],
+      out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+                 jax.ShapeDtypeStruct((B, H, cfg.Tp), jnp.float32)],
+      compiler_params=plgpu.CompilerParams(
+          num_warps=cfg.num_warps_fwd, num_stages=cfg.num_stages),
+      interpret=cfg.interpret,
+      name="flash_attention_fwd",
+  )(q, k, v, *extra)
+
+
+def _backward(cfg: _Config, q, k, v, do, lse, delta, q_seg, k_seg, window):
+  B, _, H, _ = q.shape
+  K = k.shape[2]
+  G, Dp, Tp, Sp = cfg.groups, cfg.Dp, cfg.Tp, cfg.Sp
+  params = plgpu.CompilerParams(num_warps=cfg.num_warps_bwd,
+                                num_stages=cfg.num_stages)
+
+  bq, bk = cfg.bq_dq, cfg.bk_dq
+  q_tile = pl.BlockSpec((None, bq, None, Dp), lambda i, b, h: (b, i, h, 0))
+  kv_all = pl.BlockSpec((None, Sp, None, Dp), lambda i, b, h: (b, 0, h // G, 0))
+  row = pl.BlockSpec((None, None, bq), lambda i, b, h: (b, h, i))
+  extra_specs, extra = _extra_operands(
+      cfg, q_seg, k_seg, window,
+      ((None, bq), lambda i, b, h: (b, i)),
+      ((None, Sp), lambda i, b, h: (b, 0)))
+  dq = pl.pallas_call(
+      functools.partial(_dq_kernel, cfg=cfg),
+      grid=(Tp // bq, B, H),
+      in_specs=[q_tile, kv_all, kv_all, q_tile, row, row] + extra_specs,
+      out_specs=q_tile,
+      out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+      compiler_params=params, interpret=cfg.interpret,
+      name="flash_attention_dq",
+  )(q, k, v, do, lse, delta, *extra)
+
+  bq, bk = cfg.bq_dkv, cfg.bk_dkv
+  q_all = pl.BlockSpec((None, Tp, G, Dp), lambda j, b, kh: (b, 0, kh, 0))
+  kv_tile = pl.BlockSpec((None, bk, None, Dp), lambda j, b, kh: (b, j, kh, 0))
+  rows = pl.BlockSpec((None, G, Tp), lambda j, b, kh: (b, kh, 0))
+  extra_specs, extra = _extra_operands(
+      cfg, q_seg, k_seg, window,
+      ((None, Tp), lambda j, b, kh: (b, 0)),
+      ((None, bk), lambda j, b, kh: (b, j)))
+  dk, dv = pl.pallas_call(
+      functools.partial(_dkdv_kernel, cfg=cfg),
+      grid=(Sp // bk, B, K),
+      in_specs=[q_all, kv_tile, kv_tile, q_all, rows, rows] + extra_specs,
+      out_specs=[kv_tile, kv_tile],
+      out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
+                 jax.ShapeDtypeStruct(v.shape, v.dtype)],
+      compiler_params=params, interpret=cfg.interpret,
+      name="flash_attention_dkdv",
+  )(q, k, v, do, lse, delta, *extra)
+  return dq, dk, dv
+
+
+# --------------------------------------------------------------------------
+# custom_vjp: pads on the way in, slices on the way out.
+
+
+def _pad_qkv(cfg: _Config, q, k, v):
+  pad = _common.pad_axis
+  q = pad(pad(q, 1, cfg.Tp), 3, cfg.Dp)
+  k = pad(pad(k, 1, cfg.Sp), 3, cfg.Dp)
+  v = pad(pad(v, 1, cfg.Sp), 3, cfg.Dp)
+  return q, k, v
+
+
+def _pad_segments(cfg: _Config, segment_ids):
+  if segment_ids is None:
+    return None, None
+  return (_common.pad_axis(segment_ids, 1, cfg.Tp),
+          _common.pad_axis(segment_ids, 1, cfg.Sp))
+
+
+def _flash_fwd_impl(cfg: _Config, q, k, v, segment_ids, window):
+  T, D = q.shape[1], q.shape[3]
+  qp, kp, vp = _pad_qkv(cfg, q, k, v)
+  q_seg, k_seg = _pad_segments(cfg, segment_ids)
+  out, lse = _forward(cfg, qp, kp, vp, q_seg, k_seg, window)
+  return out[:, :T, :, :D], lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash(cfg: _Config, q, k, v, segment_ids, window):
+  return _flash_fwd_impl(cfg, q, k, v, segment_ids, window)[0]
+
+
+def _flash_fwd(cfg, q, k, v, segment_ids, window):
+  out, lse = _flash_fwd_impl(cfg, q, k, v, segment_ids, window)
+  return out, (q, k, v, segment_ids, window, out, lse)
+
+
+def _flash_bwd(cfg, res, d_out):
+  q, k, v, segment_ids, window, out, lse = res
+  T, S, D = q.shape[1], k.shape[1], q.shape[3]
+  d_out = d_out.astype(q.dtype)
+  delta = jnp.einsum("bthd,bthd->bht", out.astype(jnp.float32),
+                     d_out.astype(jnp.float32))
+  delta = _common.pad_axis(delta, 2, cfg.Tp)
+  qp, kp, vp = _pad_qkv(cfg, q, k, v)
+  dop = _common.pad_axis(_common.pad_axis(d_out, 1, cfg.Tp), 3, cfg.Dp)
+  q_seg, k_seg = _pad_segments(cfg, segment_ids)
+  dq, dk, dv = _backward(cfg, qp, kp, vp, dop, lse, delta, q_seg, k_seg, window)
+  return (dq[:, :T, :, :D], dk[:, :S, :, :D], dv[:, :S, :, :D], None, None)
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+# --------------------------------------------------------------------------
+# Public entry point.
+
+IMPLS = ("xla", "pallas", "cudnn")
+
+
+def _validate(q, k, v, segment_ids):
+  op = "flash_attention"
+  for name, x in (("q", q), ("k", k), ("v", v)):
+    if x.ndim != 4:
+      raise ValueError(f"{op}: {name} must be [batch, time, heads, head_dim], "
+                       f"got shape {x.shape}")
+  if not jnp.issubdtype(q.dtype, jnp.floating):
+    raise ValueError(f"{op}: q must be floating point, got {q.dtype}")
+  if k.dtype != q.dtype or v.dtype != q.dtype:
+    raise ValueError(f"{op}: q, k, v dtypes differ: {q.dtype}, {k.dtype}, "
+                     f"{v.dtype}")
+  if k.shape != v.shape:
+    raise ValueError(f"{op}: k {k.shape} and v {v.shape} shapes differ")
+  B, T, H, D = q.shape
+  if k.shape[0] != B or k.shape[3] != D:
+    raise ValueError(f"{op}: q {q.shape} and k {k.shape} disagree on batch "
+                     f"or head_dim")
+  if H % k.shape[2]:
+    raise ValueError(f"{op}: query heads {H} must be a multiple of key/value "
+                     f"heads {k.shape[2]}")
+  if min(q.shape) == 0 or min(k.shape) == 0:
+    raise ValueError(f"{op}: empty input: q {q.shape}, k {k.shape}")
+  if segment_ids is not None:
+    if segment_ids.shape != (B, T):
+      raise ValueError(f"{op}: segment_ids must have shape {(B, T)}, got "
+                       f"{segment_ids.shape}")
+    if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
+      raise ValueError(f"{op}: segment_ids must be integers, got "
+                       f"{segment_ids.dtype}")
+    if k.shape[1] != T:
+      raise ValueError(f"{op}: segment_ids need equal query and key lengths, "
+                       f"got {T} and {k.shape[1]}")
+
+
+def _cudnn(q, k, v, *, causal, segment_ids, window, softcap):
+  op = "flash_attention(impl='cudnn')"
+  if jax.default_backend() != "gpu":
+    raise ValueError(f"{op} needs a GPU; backend is {jax.default_backend()!r}")
+  if softcap is not None:
+    raise ValueError(f"{op} does not support softcap")
+  local = None
+  if window is not None:
+    if not isinstance(window, int):
+      raise ValueError(f"{op} needs a static int sliding_window")
+    if not causal:
+      raise ValueError(f"{op} supports sliding_window only with causal=True")
+    local = (window - 1, 0)
+  mask = None
+  if segment_ids is not None:
+    mask = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+  return jax.nn.dot_product_attention(
+      q, k, v, mask=mask, is_causal=causal, local_window_size=local,
+      implementation="cudnn")
+
+
+def flash_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    causal: bool = True,
+    segment_ids: jax.Array | None = None,
+    sliding_window: int | jax.Array | None = None,
+    softcap: float | None = None,
+    impl: str = "pallas",
+    block_sizes: AttentionBlockSizes | None = None,
+) -> jax.Array:
+  """Multi-head attention ``softmax(q k^T / sqrt(D)) v``, differentiable.
+
+  Args:
+    q: ``[B, T, H, D]`` queries. k, v: ``[B, S, K, D]`` with ``H % K == 0``
+      (GQA/MQA), same floating dtype as q.
+    causal: query ``t`` sees keys ``s <= t`` (positions are ``arange``).
+    segment_ids: optional int ``[B, T]`` (needs ``S == T``); tokens attend
+      only within their segment (packed or padded sequences).
+    sliding_window: optional window ``w``: query ``t`` sees keys with
+      ``t - s < w``. A Python int >= 1 or an int32 scalar array (may be
+      traced; ``reference.NO_WINDOW`` is global attention).
+    softcap: optional ``c > 0``: logits become ``c * tanh(logits / c)``.
+    impl: ``"pallas"`` (Triton on GPU, interpreted on CPU), ``"xla"``
+      (:func:`reference.attention`) or ``"cudnn"`` (GPU only, through
+      ``jax.nn.dot_product_attention``; no softcap, static causal window).
+    block_sizes: Pallas tile sizes; defaults to :class:`AttentionBlockSizes`.
+
+  Returns:
+    ``[B, T, H, D]`` in q's dtype; rows that see no key are zero.
+  """
+  _common.check_impl("flash_attention", impl, IMPLS)
+  _validate(q, k, v, segment_ids)
+  softcap = _common.static_positive_float("flash_attention", "softcap", softcap)
+  window = _common.window_operand("flash_attention", sliding_window)
+  if impl == "xla":
+    return reference.attention(q, k, v, causal=causal, segment_ids=segment_ids,
+                               sliding_window=sliding_window, softcap=softcap)
+  if impl == "cudnn":
+    return _cudnn(q, k, v, causal=causal, segment_ids=segment_ids,
+                  window=sliding_window, softcap=softcap)
+  cfg = _make_config(
+      q.shape, k.shape, causal=bool(causal), softcap=softcap,
+      has_segments=segment_ids is not None, has_window=window is not None,
+      blocks=block_sizes or AttentionBlockSizes(),
+      interpret=_common.pallas_interpret("flash_attention"))
+  if segment_ids is not None:
+    segment_ids = segment_ids.astype(jnp.int32)
+  return _flash(cfg, q, k, v, segment_ids, window)
