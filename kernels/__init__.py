@@ -12,11 +12,15 @@ from agentic_rl.kernels.decode_attention import decode_attention
 from agentic_rl.kernels.flash_attention import AttentionBlockSizes
 from agentic_rl.kernels.flash_attention import flash_attention
 from agentic_rl.kernels.reference import NO_WINDOW
+from agentic_rl.kernels.token_logprobs import LogprobBlockSizes
+from agentic_rl.kernels.token_logprobs import token_logprobs
 
 __all__ = [
     "AttentionBlockSizes",
     "DecodeBlockSizes",
+    "LogprobBlockSizes",
     "NO_WINDOW",
     "decode_attention",
     "flash_attention",
+    "token_logprobs",
 ]
