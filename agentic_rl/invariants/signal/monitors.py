@@ -53,8 +53,6 @@ def zero_variance_frac(success: jax.Array, group_B: jax.Array | None = None,
 
 def _token_layout(advantages: jax.Array, mask_BxT: jax.Array) -> jax.Array:
   """Broadcasts per-sequence advantages ``[B]`` to ``[B, T]``; checks shapes."""
-  if mask_BxT.ndim != 2:
-    raise ValueError(f"mask must be [B, T], got shape {mask_BxT.shape}")
   if advantages.ndim == 1 and advantages.shape[0] == mask_BxT.shape[0]:
     return jnp.broadcast_to(advantages[:, None], mask_BxT.shape)
   if advantages.shape != mask_BxT.shape:
@@ -93,9 +91,10 @@ def signal_metrics(success: jax.Array, advantages: jax.Array, mask_BxT: jax.Arra
   all_wrong = present & (successes == 0)
 
   mask = jnp.asarray(mask_BxT).astype(jnp.float32)
+  if mask.ndim != 2 or mask.shape[0] != jnp.size(success):
+    raise ValueError(f"mask must be [B, T] with B = {jnp.size(success)} rows (one per rollout), "
+                     f"got shape {mask.shape}")
   adv = _token_layout(jnp.asarray(advantages), mask).astype(jnp.float32)
-  if mask.shape[0] != jnp.size(success):
-    raise ValueError(f"mask has {mask.shape[0]} rows but success has {jnp.size(success)} rollouts")
   weight = mask if loss_weight_BxT is None else jnp.asarray(loss_weight_BxT, jnp.float32)
   if weight.shape != mask.shape:
     raise ValueError(f"loss_weight must have the mask's shape {mask.shape}, got {weight.shape}")

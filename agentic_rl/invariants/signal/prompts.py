@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from agentic_rl.invariants.checks import check_int
+from agentic_rl.invariants.host import host_rng
 from agentic_rl.invariants.signal.config import SignalConfig
 from agentic_rl.invariants.signal.history import PromptHistory, success_rates
 
@@ -75,5 +76,4 @@ def select_prompts(config: SignalConfig, history: PromptHistory, num: int, key: 
   eligible = int(np.count_nonzero(probs))
   if num > eligible:
     raise ValueError(f"cannot draw {num} distinct prompts: only {eligible} are eligible at step {step}")
-  ids = jax.random.choice(key, history.num_prompts, shape=(num,), replace=False, p=probs)
-  return np.asarray(ids, np.int64)
+  return host_rng(key).choice(history.num_prompts, size=num, replace=False, p=probs).astype(np.int64)
