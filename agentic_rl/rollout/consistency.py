@@ -1,0 +1,84 @@
+"""Train-inference consistency: the learner's recompute of behaviour log-probs.
+
+The rollout engine samples through ``model.decode_step`` and records each
+policy token's log-prob under the sampling distribution; the learner scores
+the same tokens with one teacher-forced ``model.forward``. Both run the same
+model code, so at temperature 1 without truncation they agree to fp32
+rounding. :func:`mismatch_metrics` reports how far apart they are (the I3
+train/inference mismatch monitor).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from agentic_rl import model as model_lib
+from agentic_rl.kernels import reference as kernels_ref
+from agentic_rl.rollout import sampling as sampling_lib
+from agentic_rl.rollout.sampling import SamplingConfig
+
+
+def learner_logprobs(params, tokens_BxT: jax.Array, model_config,
+                     sampling: SamplingConfig) -> jax.Array:
+  """Teacher-forced log-prob of every token given its prefix.
+
+  Untruncated sampling (temperature only) goes through
+  ``forward(..., return_hidden=True)`` and the fused-log-prob op
+  ``token_logprobs(hidden, unembedding, targets, temperature, softcap)``, the
+  learner's path. With top-k/top-p/greedy the log-probs are those of the same
+  truncated distribution the sampler used (:func:`sampling_log_probs` on the
+  learner's logits); tokens outside it get ``-inf``.
+
+  Args:
+    params: policy parameters.
+    tokens_BxT: int32 token ids.
+    model_config: the policy's config.
+    sampling: the sampling settings the tokens were drawn with.
+  Returns:
+    float32 ``[B, T]``: entry t is ``log pi(tokens[t] | tokens[:t])``; entry
+    0 (no prefix) is 0.
+  """
+  tokens_BxT = jnp.asarray(tokens_BxT, jnp.int32)
+  B, T = tokens_BxT.shape
+  logits_BxTxV, hidden_BxTxD = model_lib.forward(
+      params, tokens_BxT, model_config, return_hidden=True)
+  targets_BxT1 = tokens_BxT[:, 1:]
+  if sampling.truncated:
+    logp_BxT1xV = sampling_lib.sampling_log_probs(logits_BxTxV[:, :-1], sampling)
+    logp_BxT1 = jnp.take_along_axis(logp_BxT1xV, targets_BxT1[..., None],
+                                    axis=-1)[..., 0]
+  else:
+    D = hidden_BxTxD.shape[-1]
+    logp_N, _ = kernels_ref.token_logprobs(
+        hidden_BxTxD[:, :-1].reshape(-1, D),
+        model_lib.unembedding(params, model_config),
+        targets_BxT1.reshape(-1),
+        temperature=sampling.temperature,
+        softcap=model_config.final_logit_softcap)
+    logp_BxT1 = logp_N.reshape(B, T - 1)
+  return jnp.pad(logp_BxT1, ((0, 0), (1, 0)))
+
+
+def mismatch_metrics(behaviour_logp_BxT: jax.Array, learner_logp_BxT: jax.Array,
+                     mask_BxT: jax.Array) -> dict[str, jax.Array]:
+  """Behaviour vs learner log-prob gap over the masked (policy) tokens.
+
+  With ``d = logp_learner - logp_behaviour``:
+
+  * ``logp_abs_diff_mean`` / ``logp_abs_diff_max``: mean and max of ``|d|``;
+  * ``k3_kl``: mean of ``exp(d) - d - 1``, the k3 estimator of
+    ``KL(pi_behaviour || pi_learner)`` from behaviour samples (Schulman 2020;
+    the "vllm-kl" monitor of Liu, Li et al. 2025).
+
+  All float32 scalars; 0 when the mask is empty.
+  """
+  mask = mask_BxT.astype(jnp.float32)
+  on = mask > 0
+  d = jnp.where(on, learner_logp_BxT - behaviour_logp_BxT, 0.0)
+  n = jnp.maximum(jnp.sum(mask), 1.0)
+  return {
+      "logp_abs_diff_mean": jnp.sum(jnp.abs(d) * mask) / n,
+      "logp_abs_diff_max": jnp.max(jnp.where(on, jnp.abs(d), 0.0)),
+      "k3_kl": jnp.sum((jnp.expm1(d) - d) * mask) / n,
+  }

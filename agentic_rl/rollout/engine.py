@@ -1,0 +1,442 @@
+"""The jitted multi-turn rollout engine.
+
+One ``lax.while_loop`` step moves every live row by exactly one token through
+the model's :func:`~agentic_rl.model.decode_step`:
+
+* the row feeds its last written token (position ``cur``) and gets the logits
+  for position ``cur + 1``;
+* the token written at ``cur + 1`` is, in order of priority, the next pending
+  observation token (forced, loss mask 0), the next scripted policy token
+  (forced, loss mask 1), or a draw from the sampling distribution (loss mask
+  1); policy tokens record their log-prob and entropy under that distribution
+  and the policy version;
+* when a policy token is one of the codec's stop ids, the row's action
+  segment is complete: the in-jit environment steps (vmapped, applied only to
+  rows that stopped), its observation is framed by the codec and queued, and
+  the episode ends on ``done``/``truncated``, a final stop id, or a limit.
+
+The loop exits early when no row is live. Episode limits (tokens per turn,
+turns, total tokens) truncate a row. Randomness is per row and per position
+(``fold_in(row_key, position)``), so an episode interrupted after any step and
+resumed (:meth:`RolloutEngine.resume`) draws exactly what it would have.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentic_rl import model as model_lib
+from agentic_rl.envs.base import JaxEnv
+from agentic_rl.rollout import sampling as sampling_lib
+from agentic_rl.rollout.sampling import SamplingConfig
+from agentic_rl.rollout.types import Rollout, RolloutState, select_rows
+from agentic_rl.text.codec import FormatIds, frame_observation
+
+PyTree = Any
+# on_stop(state, stopped_B, token_B) -> state: what happens when rows close an
+# action (the state's cursor already includes the stop token).
+OnStop = Callable[[RolloutState, jax.Array, jax.Array], RolloutState]
+
+REQUIRED_INFO = ("call_hash", "tool_error")
+
+
+def _check_int(name: str, value, low: int = 1):
+  if not isinstance(value, (int, np.integer)) or isinstance(value, bool) \
+      or value < low:
+    raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def _batch_size(tree: PyTree) -> set[int]:
+  return {jnp.shape(x)[0] if jnp.ndim(x) else -1 for x in jax.tree.leaves(tree)}
+
+
+class RolloutEngine:
+  """Generates batches of (multi-turn) episodes with one jitted loop.
+
+  Args:
+    model_config: the policy's config.
+    sampling: sampling settings and episode limits.
+    ids: the codec's format ids (stop ids, framing). None disables stop
+      tokens (plain generation: rows run to the per-turn token limit).
+    env: an in-jit environment (see ``agentic_rl.envs.base``), or None for
+      single-turn generation (a stop token ends the episode).
+    batch_size: B rows per batch.
+    group_size: G samples per prompt; the batch holds ``B / G`` prompts.
+  """
+
+  def __init__(self, model_config: model_lib.TransformerConfig,
+               sampling: SamplingConfig, ids: FormatIds | None, *,
+               env: JaxEnv | None = None, batch_size: int, group_size: int = 1):
+    self.model_config = model_config.validate()
+    self.sampling = sampling.validate()
+    _check_int("batch_size", batch_size)
+    _check_int("group_size", group_size)
+    if batch_size % group_size:
+      raise ValueError(f"group size {group_size} does not divide the batch "
+                       f"size {batch_size}")
+    if env is not None and ids is None:
+      raise ValueError("an environment needs the codec's format ids (ids=None)")
+    if env is not None and sampling.max_new_tokens_per_turn > env.max_action_len:
+      raise ValueError(
+          f"max_new_tokens_per_turn ({sampling.max_new_tokens_per_turn}) "
+          f"exceeds the environment's max_action_len ({env.max_action_len})")
+    if ids is not None:
+      bad = [i for i in ids.stop_ids if not 0 <= i < model_config.vocab_size]
+      if bad:
+        raise ValueError(f"stop ids {bad} are outside the model's vocabulary "
+                         f"of {model_config.vocab_size}")
+    self.ids = ids
+    self.env = env
+    self.batch_size = batch_size
+    self.group_size = group_size
+    self.num_prompts = batch_size // group_size
+    self._rollout_jit = jax.jit(self._rollout, static_argnames="prefill_len")
+    self._init_jit = jax.jit(self._init_state)
+    self._advance_jit = jax.jit(self._advance, static_argnames="prefill_len")
+
+  # ------------------------------------------------------------- public API
+  @property
+  def max_len(self) -> int:
+    """T: tokens per row and KV-cache length."""
+    return self.sampling.max_total_tokens
+
+  def rollout(self, params, prompts_PxL, prompt_len_P, instances_P, key,
+              version, *, script_PxS=None, script_len_P=None) -> Rollout:
+    """Whole episodes for P prompts, G samples each, in one ``jax.jit``.
+
+    Args:
+      params: the policy's parameters.
+      prompts_PxL: int32 right-padded prompt ids (``Codec.encode_prompt``,
+        ``pad_batch``), ``L < T``.
+      prompt_len_P: int32 valid prompt lengths, in ``[1, L]``.
+      instances_P: the environment's task instances, leading axis P (None
+        without an environment).
+      key: PRNG key.
+      version: int policy version recorded on every policy token.
+      script_PxS / script_len_P: optional policy tokens to force instead of
+        sampling (a scripted policy: actions, stop ids included, back to
+        back; sampling resumes after the script).
+    Returns:
+      :class:`Rollout` with ``B = P * G`` rows, prompt-major.
+    """
+    args = self._check_inputs(prompts_PxL, prompt_len_P, instances_P,
+                              script_PxS, script_len_P)
+    return self._rollout_jit(params, *args, key, jnp.int32(version),
+                             prefill_len=int(np.shape(prompts_PxL)[1]))
+
+  def init_state(self, prompts_PxL, prompt_len_P, instances_P, key, *,
+                 script_PxS=None, script_len_P=None) -> RolloutState:
+    """Fresh episodes (prompts written, environments reset), not yet run."""
+    args = self._check_inputs(prompts_PxL, prompt_len_P, instances_P,
+                              script_PxS, script_len_P)
+    return self._init_jit(*args, key)
+
+  def resume(self, params, state: RolloutState, version, *,
+             max_steps: int | None = None) -> RolloutState:
+    """Continues in-progress episodes under ``params`` (partial rollouts).
+
+    The KV cache is rebuilt from the state's tokens with ``params`` (so a
+    parameter change takes effect on the whole context), then at most
+    ``max_steps`` tokens per row are generated or forced (the per-iteration
+    token budget; None: until every episode ends). Tokens written earlier
+    keep their recorded versions and log-probs.
+    """
+    if max_steps is not None:
+      _check_int("max_steps", max_steps, low=0)
+    steps = self.max_len if max_steps is None else max_steps
+    longest = int(np.max(np.asarray(state.cur_B))) + 1
+    prefill_len = min(self.max_len, 1 << max(longest - 1, 1).bit_length())
+    return self._advance_jit(params, state, jnp.int32(version),
+                             jnp.int32(steps), prefill_len=prefill_len)
+
+  def refill(self, state: RolloutState, fresh: RolloutState,
+             replace_P: jax.Array) -> RolloutState:
+    """Replaces the groups flagged in ``replace_P`` by ``fresh`` episodes.
+
+    Use it between iterations of partial rollouts: finished groups make room
+    for new prompts (from :meth:`init_state`), unfinished ones carry over.
+    """
+    replace_P = jnp.asarray(replace_P, bool)
+    if replace_P.shape != (self.num_prompts,):
+      raise ValueError(f"replace_P must have shape ({self.num_prompts},), got "
+                       f"{replace_P.shape}")
+    return select_rows(jnp.repeat(replace_P, self.group_size), fresh, state)
+
+  # --------------------------------------------------------- input checks
+  def _check_inputs(self, prompts_PxL, prompt_len_P, instances_P, script_PxS,
+                    script_len_P):
+    P, T = self.num_prompts, self.max_len
+    prompts_PxL = jnp.asarray(prompts_PxL)
+    if prompts_PxL.ndim != 2 or not jnp.issubdtype(prompts_PxL.dtype, jnp.integer):
+      raise ValueError(f"prompts must be an int [P, L] array, got "
+                       f"{prompts_PxL.dtype} {prompts_PxL.shape}")
+    if prompts_PxL.shape[0] != P:
+      raise ValueError(
+          f"got {prompts_PxL.shape[0]} prompts; batch size {self.batch_size} "
+          f"with group size {self.group_size} takes {P}")
+    L = prompts_PxL.shape[1]
+    if L >= T:
+      raise ValueError(f"prompts of {L} tokens do not fit in the KV cache of "
+                       f"max_total_tokens={T} (need at least one free slot)")
+    prompt_len_P = jnp.asarray(prompt_len_P, jnp.int32)
+    if prompt_len_P.shape != (P,):
+      raise ValueError(f"prompt_len must have shape ({P},), got {prompt_len_P.shape}")
+    lens = model_lib.transformer.concrete_or_none(prompt_len_P)
+    if lens is not None and (lens.min() < 1 or lens.max() > L):
+      raise ValueError(f"prompt lengths must be in [1, {L}], got "
+                       f"[{lens.min()}, {lens.max()}]")
+    if (instances_P is None) != (self.env is None):
+      raise ValueError("pass environment instances exactly when the engine "
+                       "has an environment")
+    if instances_P is not None and _batch_size(instances_P) != {P}:
+      raise ValueError(f"every instance leaf needs a leading axis of {P} "
+                       f"prompts, got sizes {_batch_size(instances_P)}")
+    if (script_PxS is None) != (script_len_P is None):
+      raise ValueError("pass script_PxS and script_len_P together")
+    if script_PxS is None:
+      script_PxS = jnp.zeros((P, 1), jnp.int32)
+      script_len_P = jnp.zeros((P,), jnp.int32)
+    script_PxS = jnp.asarray(script_PxS, jnp.int32)
+    script_len_P = jnp.asarray(script_len_P, jnp.int32)
+    if script_PxS.ndim != 2 or script_PxS.shape[0] != P \
+        or script_len_P.shape != (P,):
+      raise ValueError(f"script must be [{P}, S] with lengths [{P}], got "
+                       f"{script_PxS.shape} and {script_len_P.shape}")
+    return prompts_PxL.astype(jnp.int32), prompt_len_P, instances_P, \
+        script_PxS, script_len_P
+
+  # ------------------------------------------------------------ jitted core
+  def _rollout(self, params, prompts_PxL, prompt_len_P, instances_P,
+               script_PxS, script_len_P, key, version, *, prefill_len):
+    state = self._init_state(prompts_PxL, prompt_len_P, instances_P,
+                             script_PxS, script_len_P, key)
+    state = self._advance(params, state, version, jnp.int32(self.max_len),
+                          prefill_len=prefill_len)
+    return state.to_rollout()
+
+  def _advance(self, params, state, version, max_steps, *, prefill_len):
+    cache = model_lib.init_cache(self.model_config, self.batch_size, self.max_len)
+    _, cache = model_lib.prefill(params, state.tokens_BxT[:, :prefill_len],
+                                 cache, self.model_config)
+    on_stop = self._env_stop if self.env is not None else self._final_stop
+    state, _ = run_loop(params, state, cache, version, max_steps,
+                        model_config=self.model_config, sampling=self.sampling,
+                        ids=self.ids, on_stop=on_stop)
+    return state
+
+  def _init_state(self, prompts_PxL, prompt_len_P, instances_P, script_PxS,
+                  script_len_P, key):
+    G = self.group_size
+    rep = lambda x: jnp.repeat(x, G, axis=0)
+    env_state, components, queue_width = None, {}, 1
+    if self.env is not None:
+      env_state = jax.vmap(self.env.reset)(jax.tree.map(rep, instances_P))
+      out = self._step_output_shapes(env_state)
+      components = {k: jnp.zeros((self.batch_size,), jnp.float32)
+                    for k in out.reward_components}
+      queue_width = self.env.max_obs_len + 2
+    return new_state(
+        rep(prompts_PxL), rep(prompt_len_P), key,
+        max_len=self.max_len, max_turns=self.sampling.max_turns,
+        pad_id=self.ids.pad if self.ids is not None else 0,
+        queue_width=queue_width, script_BxS=rep(script_PxS),
+        script_len_B=rep(script_len_P), reward_components=components,
+        env_state=env_state)
+
+  def _step_output_shapes(self, env_state):
+    B, A = self.batch_size, self.env.max_action_len
+    _, out = jax.eval_shape(jax.vmap(self.env.step), env_state,
+                            jnp.zeros((B, A), jnp.int32), jnp.zeros((B,), jnp.int32))
+    missing = [k for k in REQUIRED_INFO if k not in out.info]
+    if missing:
+      raise ValueError(f"environment {self.env.name!r} step info lacks {missing}")
+    if out.obs_A.shape != (B, self.env.max_obs_len):
+      raise ValueError(f"environment {self.env.name!r} returns obs_A of shape "
+                       f"{out.obs_A.shape[1:]}, expected ({self.env.max_obs_len},)")
+    return out
+
+  def _final_stop(self, state, stop_B, token_B):
+    """No environment: a stop token ends the episode."""
+    del token_B
+    return state.replace(done_B=state.done_B | stop_B,
+                         num_actions_B=state.num_actions_B + stop_B)
+
+  def _env_stop(self, state, stop_B, token_B):
+    return jax.lax.cond(jnp.any(stop_B), self._env_step,
+                        lambda s, *_: s, state, stop_B, token_B)
+
+  def _env_step(self, state, stop_B, token_B):
+    """Steps the environment for the rows in ``stop_B`` (others unchanged)."""
+    ids, T = self.ids, self.max_len
+    A = self.env.max_action_len
+    rows_Bx1 = jnp.arange(self.batch_size)[:, None]
+    seg_len = state.seg_len_B
+    start_B = state.cur_B + 1 - seg_len
+    offs_A = jnp.arange(A)
+    action_BxA = jnp.where(
+        offs_A < seg_len[:, None],
+        state.tokens_BxT[rows_Bx1, jnp.clip(start_B[:, None] + offs_A, 0, T - 1)],
+        ids.pad)
+    env_state, out = jax.vmap(self.env.step)(state.env_state, action_BxA, seg_len)
+    env_state = select_rows(stop_B, env_state, state.env_state)
+
+    stopped = lambda x: jnp.where(stop_B, x, 0)
+    num_actions = state.num_actions_B + stop_B
+    call_hashes = state.call_hashes_BxC.at[
+        jnp.arange(self.batch_size), state.num_actions_B].set(
+            jnp.where(stop_B, out.info["call_hash"].astype(jnp.int32),
+                      -1), mode="drop")
+    final = jnp.isin(token_B, jnp.asarray(ids.final_ids))
+    ends_done = stop_B & (out.done | (final & ~out.truncated))
+    ends_trunc = stop_B & ~ends_done & (
+        out.truncated | (num_actions >= self.sampling.max_turns))
+    framed_BxQ, framed_len = frame_observation(out.obs_A, out.obs_len, ids)
+    # The observation and at least one more policy token must fit.
+    fits = state.cur_B + framed_len + 1 <= T - 1
+    cont = stop_B & ~ends_done & ~ends_trunc
+    ends_trunc |= cont & ~fits
+    cont &= fits
+    return state.replace(
+        env_state=env_state,
+        reward_B=state.reward_B + stopped(out.reward),
+        reward_components={
+            k: v + stopped(out.reward_components[k].astype(jnp.float32))
+            for k, v in state.reward_components.items()},
+        num_actions_B=num_actions,
+        call_hashes_BxC=call_hashes,
+        num_tool_calls_B=state.num_tool_calls_B
+        + (stop_B & (token_B == ids.tool_call_close)),
+        num_tool_errors_B=state.num_tool_errors_B
+        + (stop_B & (out.info["tool_error"] != 0)),
+        done_B=state.done_B | ends_done,
+        truncated_B=state.truncated_B | ends_trunc,
+        seg_len_B=jnp.where(stop_B, 0, seg_len),
+        queue_BxQ=jnp.where(cont[:, None], framed_BxQ, state.queue_BxQ),
+        queue_len_B=jnp.where(cont, framed_len, state.queue_len_B),
+        queue_pos_B=jnp.where(cont, 0, state.queue_pos_B))
+
+
+def new_state(prompts_BxL, prompt_len_B, key, *, max_len: int, max_turns: int,
+              pad_id: int, queue_width: int, script_BxS, script_len_B,
+              reward_components: dict[str, jax.Array],
+              env_state: PyTree) -> RolloutState:
+  """A :class:`RolloutState` with the prompts written and nothing generated."""
+  B, L = prompts_BxL.shape
+  T = max_len
+  zeros_i = jnp.zeros((B,), jnp.int32)
+  zeros_b = jnp.zeros((B,), bool)
+  tokens = jnp.full((B, T), pad_id, jnp.int32).at[:, :L].set(prompts_BxL)
+  tokens = jnp.where(jnp.arange(T) < prompt_len_B[:, None], tokens, pad_id)
+  return RolloutState(
+      tokens_BxT=tokens,
+      loss_mask_BxT=jnp.zeros((B, T), jnp.float32),
+      logp_BxT=jnp.zeros((B, T), jnp.float32),
+      entropy_BxT=jnp.zeros((B, T), jnp.float32),
+      turn_BxT=jnp.zeros((B, T), jnp.int32),
+      version_BxT=jnp.full((B, T), -1, jnp.int32),
+      prompt_len_B=prompt_len_B,
+      cur_B=prompt_len_B - 1,
+      seg_len_B=zeros_i,
+      queue_BxQ=jnp.full((B, queue_width), pad_id, jnp.int32),
+      queue_len_B=zeros_i,
+      queue_pos_B=zeros_i,
+      script_BxS=script_BxS,
+      script_len_B=script_len_B,
+      script_pos_B=zeros_i,
+      num_actions_B=zeros_i,
+      reward_B=jnp.zeros((B,), jnp.float32),
+      reward_components=reward_components,
+      done_B=zeros_b,
+      truncated_B=zeros_b,
+      awaiting_B=zeros_b,
+      num_tool_calls_B=zeros_i,
+      num_tool_errors_B=zeros_i,
+      call_hashes_BxC=jnp.full((B, max_turns), -1, jnp.int32),
+      key_B=jax.random.key_data(jax.random.split(key, B)),
+      env_state=env_state)
+
+
+def run_loop(params, state: RolloutState, cache: model_lib.KVCache, version,
+             max_steps, *, model_config, sampling: SamplingConfig,
+             ids: FormatIds | None, on_stop: OnStop,
+             ) -> tuple[RolloutState, model_lib.KVCache]:
+  """Runs the token loop until no row is live or ``max_steps`` steps ran.
+
+  A row is live while its episode has not ended and it does not await a host
+  environment. ``cache`` must hold every row's tokens up to ``cur``.
+  """
+  step = lambda s, c: _token_step(params, s, c, version, model_config=model_config,
+                                  sampling=sampling, ids=ids, on_stop=on_stop)
+
+  def cond(carry):
+    s, _, n = carry
+    return (n < max_steps) & jnp.any(~s.ended_B & ~s.awaiting_B)
+
+  def body(carry):
+    s, c, n = carry
+    s, c = step(s, c)
+    return s, c, n + 1
+
+  state, cache, _ = jax.lax.while_loop(cond, body, (state, cache, jnp.int32(0)))
+  return state, cache
+
+
+def _token_step(params, state: RolloutState, cache, version, *, model_config,
+                sampling: SamplingConfig, ids: FormatIds | None,
+                on_stop: OnStop):
+  """One token for every live row (see the module docstring)."""
+  B, T = state.tokens_BxT.shape
+  rows = jnp.arange(B)
+  live = ~state.ended_B & ~state.awaiting_B
+  cur = state.cur_B
+  logits_BxV, cache = model_lib.decode_step(
+      params, state.tokens_BxT[rows, cur], cur, cache, model_config)
+  w = jnp.minimum(cur + 1, T - 1)
+
+  logp_BxV = sampling_lib.sampling_log_probs(logits_BxV, sampling)
+  keys_B = jax.vmap(jax.random.fold_in)(
+      jax.random.wrap_key_data(state.key_B), w)
+  drawn = sampling_lib.sample_tokens(keys_B, logp_BxV)
+  from_queue = state.queue_pos_B < state.queue_len_B
+  from_script = ~from_queue & (state.script_pos_B < state.script_len_B)
+  policy = ~from_queue
+  S, Q = state.script_BxS.shape[1], state.queue_BxQ.shape[1]
+  token = jnp.where(
+      from_queue, state.queue_BxQ[rows, jnp.minimum(state.queue_pos_B, Q - 1)],
+      jnp.where(from_script,
+                state.script_BxS[rows, jnp.minimum(state.script_pos_B, S - 1)],
+                drawn))
+  tok_logp = jnp.take_along_axis(logp_BxV, token[:, None], axis=1)[:, 0]
+
+  def write(buf_BxT, value_B):
+    return buf_BxT.at[rows, w].set(jnp.where(live, value_B, buf_BxT[rows, w]))
+
+  state = state.replace(
+      tokens_BxT=write(state.tokens_BxT, token),
+      loss_mask_BxT=write(state.loss_mask_BxT, policy.astype(jnp.float32)),
+      logp_BxT=write(state.logp_BxT, jnp.where(policy, tok_logp, 0.0)),
+      entropy_BxT=write(state.entropy_BxT,
+                        jnp.where(policy, sampling_lib.entropy_of(logp_BxV), 0.0)),
+      turn_BxT=write(state.turn_BxT,
+                     state.num_actions_B + policy.astype(jnp.int32)),
+      version_BxT=write(state.version_BxT, jnp.where(policy, version, -1)),
+      cur_B=cur + live,
+      queue_pos_B=state.queue_pos_B + (live & from_queue),
+      script_pos_B=state.script_pos_B + (live & from_script),
+      seg_len_B=state.seg_len_B + (live & policy))
+
+  if ids is not None:
+    stop = live & policy & jnp.isin(token, jnp.asarray(ids.stop_ids))
+    state = on_stop(state, stop, token)
+  else:
+    stop = jnp.zeros_like(live)
+  over_turn = (live & policy & ~stop
+               & (state.seg_len_B >= sampling.max_new_tokens_per_turn))
+  full = live & (state.cur_B >= T - 1)
+  ending = (over_turn | full) & ~state.ended_B & ~state.awaiting_B
+  return state.replace(truncated_B=state.truncated_B | ending), cache

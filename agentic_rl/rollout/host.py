@@ -1,0 +1,197 @@
+"""Multi-turn episodes with Python ("host") environments that cannot run in jit.
+
+Text protocol: an environment has ``reset(seed) -> observation`` and
+``step(action_text) -> (observation, reward, done)``. The loop:
+
+1. resets every environment; the first observation becomes the user message
+   of the prompt (``Codec.encode_prompt``), optionally after a system prompt;
+2. runs the engine's jitted token loop until every live row has closed an
+   action (any codec stop id) or ended; the KV cache stays on the device;
+3. on the host, decodes each closed action to text, steps its environment,
+   and queues the next observation, framed by the codec as a tool result,
+   to be forced into the context (loss mask 0) by the next jitted segment.
+
+The cache is kept across turns, so the history is never re-prefilled: each
+turn only feeds the new observation tokens and the policy's new tokens.
+The environment alone decides when an episode is over; turn, per-turn and
+total token limits truncate it.
+
+An optional ``actor(row, observation) -> action_text`` scripts the policy:
+its actions are forced as policy tokens (loss mask 1, log-probs recorded)
+instead of sampled. Each action must end with exactly one stop id.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentic_rl import model as model_lib
+from agentic_rl.rollout.engine import new_state, run_loop
+from agentic_rl.rollout.sampling import SamplingConfig
+from agentic_rl.rollout.types import Rollout, RolloutState
+from agentic_rl.text.codec import Codec, Message, frame_observation, pad_batch
+
+Actor = Callable[[int, str], str]
+
+
+class TextEnv(Protocol):
+  """A Python environment speaking text."""
+
+  def reset(self, seed: int) -> str:
+    ...
+
+  def step(self, action: str) -> tuple[str, float, bool]:
+    ...
+
+
+class HostLoop:
+  """Runs :class:`TextEnv` episodes with jitted generation between steps.
+
+  Args:
+    model_config: the policy's config.
+    sampling: sampling settings and episode limits.
+    codec: the conversation codec.
+    batch_size: B environments per call.
+    max_obs_tokens: longest observation (in tokens) after the first; a
+      longer one truncates the episode.
+    system_prompt: optional system message before the first observation.
+  """
+
+  def __init__(self, model_config: model_lib.TransformerConfig,
+               sampling: SamplingConfig, codec: Codec, *, batch_size: int,
+               max_obs_tokens: int = 128, system_prompt: str | None = None):
+    self.model_config = model_config.validate()
+    self.sampling = sampling.validate()
+    if batch_size < 1 or max_obs_tokens < 1:
+      raise ValueError(f"batch_size and max_obs_tokens must be >= 1, got "
+                       f"{batch_size}, {max_obs_tokens}")
+    self.codec = codec
+    self.ids = codec.ids
+    self.batch_size = batch_size
+    self.max_obs_tokens = max_obs_tokens
+    self.system_prompt = system_prompt
+    self._reserved = frozenset(dataclasses.astuple(codec.ids))
+    self._prefill = jax.jit(self._prefill_impl)
+    self._segment = jax.jit(self._segment_impl, donate_argnums=(2,))
+
+  def run(self, params, envs: Sequence[TextEnv], seeds: Sequence[int], key,
+          version, *, actor: Actor | None = None) -> Rollout:
+    """Plays one episode per environment; returns the batch as a Rollout.
+
+    ``reward_B`` sums the environment's step rewards; ``reward_components``
+    is empty and ``call_hashes_BxC`` is -1 (the text protocol has neither).
+    """
+    B, T = self.batch_size, self.sampling.max_total_tokens
+    if len(envs) != B or len(seeds) != B:
+      raise ValueError(f"need {B} environments and seeds, got {len(envs)} and "
+                       f"{len(seeds)}")
+    first_obs = [env.reset(int(seed)) for env, seed in zip(envs, seeds)]
+    prompts = [self.codec.encode_prompt(self._prompt_messages(obs))
+               for obs in first_obs]
+    longest = max(len(p) for p in prompts)
+    if longest >= T:
+      raise ValueError(f"a prompt of {longest} tokens does not fit in the KV "
+                       f"cache of max_total_tokens={T}")
+    script_width = self.sampling.max_new_tokens_per_turn
+    state = new_state(
+        jnp.asarray(pad_batch(prompts, T, self.ids.pad)),
+        jnp.asarray([len(p) for p in prompts], jnp.int32), key, max_len=T,
+        max_turns=self.sampling.max_turns, pad_id=self.ids.pad,
+        queue_width=self.max_obs_tokens + 2,
+        script_BxS=jnp.zeros((B, script_width), jnp.int32),
+        script_len_B=jnp.zeros((B,), jnp.int32), reward_components={},
+        env_state=None)
+    if actor is not None:
+      host = jax.tree.map(np.array, state)
+      for b, obs in enumerate(first_obs):
+        self._script(host, b, actor(b, obs))
+      state = jax.tree.map(jnp.asarray, host)
+    cache = self._prefill(params, state.tokens_BxT)
+    version = jnp.int32(version)
+    while True:
+      state, cache = self._segment(params, state, cache, version)
+      host = jax.tree.map(np.array, state)
+      if host.ended_B.all():
+        return state.to_rollout()
+      for b in np.flatnonzero(host.awaiting_B):
+        self._env_step(host, b, envs[b], actor)
+      state = jax.tree.map(jnp.asarray, host)
+
+  # ------------------------------------------------------------------ device
+  def _prefill_impl(self, params, tokens_BxT):
+    cache = model_lib.init_cache(self.model_config, self.batch_size,
+                                 self.sampling.max_total_tokens)
+    _, cache = model_lib.prefill(params, tokens_BxT, cache, self.model_config)
+    return cache
+
+  def _segment_impl(self, params, state, cache, version):
+    def await_env(s, stop_B, token_B):
+      del token_B
+      return s.replace(awaiting_B=s.awaiting_B | stop_B)
+    return run_loop(params, state, cache, version,
+                    jnp.int32(self.sampling.max_total_tokens),
+                    model_config=self.model_config, sampling=self.sampling,
+                    ids=self.ids, on_stop=await_env)
+
+  # -------------------------------------------------------------------- host
+  def _prompt_messages(self, observation: str) -> list[Message]:
+    system = [Message("system", self.system_prompt)] if self.system_prompt else []
+    return system + [Message("user", observation)]
+
+  def _env_step(self, s: RolloutState, b: int, env: TextEnv,
+                actor: Actor | None):
+    """Steps row b's environment on its closed action (numpy state, in place)."""
+    T = s.tokens_BxT.shape[1]
+    cur, seg = int(s.cur_B[b]), int(s.seg_len_B[b])
+    action_ids = s.tokens_BxT[b, cur + 1 - seg:cur + 1]
+    obs, reward, done = env.step(self.codec.tokenizer.decode(action_ids))
+    s.reward_B[b] += reward
+    s.num_actions_B[b] += 1
+    s.num_tool_calls_B[b] += int(action_ids[-1] == self.ids.tool_call_close)
+    s.seg_len_B[b] = 0
+    s.awaiting_B[b] = False
+    if done:
+      s.done_B[b] = True
+      return
+    obs_ids = self.codec.tokenizer.encode(obs)
+    self._check_no_reserved(obs_ids, "observation")
+    n = len(obs_ids)
+    # The framed observation and one more policy token must fit.
+    if (s.num_actions_B[b] >= self.sampling.max_turns
+        or n > self.max_obs_tokens or cur + n + 2 + 1 > T - 1):
+      s.truncated_B[b] = True
+      return
+    obs_A = np.full((self.max_obs_tokens,), self.ids.pad, np.int32)
+    obs_A[:n] = obs_ids
+    framed, framed_len = frame_observation(jnp.asarray(obs_A), jnp.int32(n),
+                                           self.ids)
+    s.queue_BxQ[b] = np.asarray(framed)
+    s.queue_len_B[b] = int(framed_len)
+    s.queue_pos_B[b] = 0
+    if actor is not None:
+      self._script(s, b, actor(b, obs))
+
+  def _script(self, s: RolloutState, b: int, action: str):
+    ids = self.codec.tokenizer.encode(action)
+    stops = [i for i, t in enumerate(ids) if t in self.ids.stop_ids]
+    if not ids or stops != [len(ids) - 1]:
+      raise ValueError(f"a scripted action must end with exactly one stop "
+                       f"token {self.ids.stop_ids}, got {action!r}")
+    if len(ids) > s.script_BxS.shape[1]:
+      raise ValueError(f"scripted action of {len(ids)} tokens exceeds "
+                       f"max_new_tokens_per_turn={s.script_BxS.shape[1]}")
+    s.script_BxS[b, :len(ids)] = ids
+    s.script_len_B[b] = len(ids)
+    s.script_pos_B[b] = 0
+
+  def _check_no_reserved(self, ids: Sequence[int], what: str):
+    bad = sorted({self.codec.tokenizer.id_to_piece(i) for i in ids
+                  if i in self._reserved})
+    if bad:
+      raise ValueError(f"{what} text contains reserved framing tokens {bad}")

@@ -1,0 +1,126 @@
+"""Sampling settings and the exact sampling distribution.
+
+The policy's logits ``z`` become the distribution a token is drawn from in
+this order (the Hugging Face ``generate`` order):
+
+1. temperature: ``z / temperature``;
+2. top-k: keep the ``top_k`` largest (ties at the k-th value are kept too);
+3. top-p (nucleus, Holtzman et al. 2020): sort the top-k-renormalised
+   probabilities in decreasing order and keep the shortest prefix whose mass
+   reaches ``top_p`` (the most likely token is always kept; ties at the last
+   kept value are kept too);
+4. greedy: a point mass on the argmax (log-prob 0, entropy 0).
+
+:func:`sampling_log_probs` returns the log-probabilities of that truncated,
+renormalised distribution (``-inf`` outside its support). The rollout engine
+records the sampled token's entry as its behaviour log-prob, and the learner's
+recompute uses the same function, so both sides score tokens under the same
+distribution.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """How the policy samples, and the limits of an episode.
+
+  Attributes:
+    temperature: divides the logits; > 0.
+    top_k: keep the k most likely tokens; 0 disables.
+    top_p: nucleus mass in (0, 1]; 1 disables.
+    greedy: take the argmax (overrides temperature, top-k and top-p).
+    max_new_tokens_per_turn: policy tokens one action segment may have
+      (the closing stop token included); a longer turn truncates the episode.
+    max_turns: action segments (environment steps) per episode; an episode
+      that reaches it without ending is truncated.
+    max_total_tokens: T, the token capacity of a row (prompt, actions and
+      observations) and of the KV cache.
+  """
+
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  greedy: bool = False
+  max_new_tokens_per_turn: int = 64
+  max_turns: int = 4
+  max_total_tokens: int = 256
+
+  def validate(self) -> SamplingConfig:
+    """Raises ``ValueError`` naming the first bad field; returns self."""
+    for name in ("max_new_tokens_per_turn", "max_turns", "max_total_tokens"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) \
+        or self.top_k < 0:
+      raise ValueError(f"top_k must be an int >= 0 (0 disables), got {self.top_k!r}")
+    if not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+    if not self.temperature > 0.0:
+      raise ValueError(f"temperature must be > 0 (use greedy=True for argmax), "
+                       f"got {self.temperature!r}")
+    if not isinstance(self.greedy, bool):
+      raise ValueError(f"greedy must be a bool, got {self.greedy!r}")
+    return self
+
+  @property
+  def truncated(self) -> bool:
+    """Whether the distribution differs from ``softmax(z / temperature)``."""
+    return self.greedy or self.top_k > 0 or self.top_p < 1.0
+
+
+def sampling_log_probs(logits_NxV: jax.Array, config: SamplingConfig) -> jax.Array:
+  """Log-probs of the sampling distribution (see the module docstring).
+
+  Args:
+    logits_NxV: float ``[..., V]`` policy logits.
+    config: the sampling settings (static).
+  Returns:
+    float32 ``[..., V]``: ``log_softmax`` of the temperature-scaled logits
+    restricted to the kept tokens, ``-inf`` elsewhere; every row sums to 1.
+  """
+  z = logits_NxV.astype(jnp.float32)
+  if config.greedy:
+    best = jnp.argmax(z, axis=-1)
+    onehot = jax.nn.one_hot(best, z.shape[-1], dtype=bool)
+    return jnp.where(onehot, 0.0, -jnp.inf)
+  z = z / config.temperature
+  if 0 < config.top_k < z.shape[-1]:
+    kth = jax.lax.top_k(z, config.top_k)[0][..., -1:]
+    z = jnp.where(z >= kth, z, -jnp.inf)
+  if config.top_p < 1.0:
+    z_sorted = jnp.flip(jnp.sort(z, axis=-1), axis=-1)
+    p_sorted = jax.nn.softmax(z_sorted, axis=-1)
+    mass_before = jnp.cumsum(p_sorted, axis=-1) - p_sorted
+    # The kept tokens are a prefix of the sorted order (mass_before grows).
+    num_kept = jnp.sum(mass_before < config.top_p, axis=-1, keepdims=True)
+    cutoff = jnp.take_along_axis(z_sorted, num_kept - 1, axis=-1)
+    z = jnp.where(z >= cutoff, z, -jnp.inf)
+  return jax.nn.log_softmax(z, axis=-1)
+
+
+def entropy_of(logp_NxV: jax.Array) -> jax.Array:
+  """``-sum_v p_v log p_v`` over the last axis; ``-inf`` entries count as 0."""
+  p_log_p = jnp.where(jnp.isneginf(logp_NxV), 0.0, jnp.exp(logp_NxV) * logp_NxV)
+  return -jnp.sum(p_log_p, axis=-1)
+
+
+def sample_tokens(keys_N: jax.Array, logp_NxV: jax.Array) -> jax.Array:
+  """One draw per row from ``exp(logp)``, by the Gumbel-max trick.
+
+  Args:
+    keys_N: ``[N]`` PRNG keys, one per row (so a row's draw depends on its key
+      only, not on the batch it is in).
+    logp_NxV: float ``[N, V]`` log-probs (``-inf`` entries are never drawn).
+  Returns:
+    int32 ``[N]`` token ids.
+  """
+  gumbel_NxV = jax.vmap(
+      lambda k: jax.random.gumbel(k, logp_NxV.shape[-1:], jnp.float32))(keys_N)
+  return jnp.argmax(logp_NxV + gumbel_NxV, axis=-1).astype(jnp.int32)

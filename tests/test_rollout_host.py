@@ -1,0 +1,204 @@
+"""Host-environment loop: text protocol, KV cache across turns, GEM adapter."""
+
+import itertools
+import re
+
+import jax
+import numpy as np
+import pytest
+
+from agentic_rl import model as model_lib
+from agentic_rl import rollout
+from agentic_rl.text import default_codec
+
+
+@pytest.fixture(scope="module")
+def codec():
+  return default_codec()
+
+
+# One loop (one compile) serves every test; GEM prompts need ~400 tokens.
+SAMPLING = rollout.SamplingConfig(max_new_tokens_per_turn=16, max_turns=10,
+                                  max_total_tokens=1024)
+_learner_logprobs = jax.jit(rollout.learner_logprobs, static_argnums=(2, 3))
+
+
+@pytest.fixture(scope="module")
+def model(codec):
+  config = model_lib.TransformerConfig.tiny(
+      vocab_size=codec.tokenizer.vocab_size)
+  return config, model_lib.init_params(config, jax.random.key(0))
+
+
+@pytest.fixture(scope="module")
+def loop(codec, model):
+  return rollout.HostLoop(model[0], SAMPLING, codec, batch_size=2,
+                          max_obs_tokens=96)
+
+
+def _max_mismatch(params, config, out):
+  learner = _learner_logprobs(params, out.tokens_BxT, config, SAMPLING)
+  m = rollout.mismatch_metrics(out.behaviour_logp_BxT, learner, out.loss_mask_BxT)
+  return float(m["logp_abs_diff_max"])
+
+
+class CountdownEnv:
+  """Says a number; the episode ends when the action contains "0"."""
+
+  def __init__(self):
+    self.actions = []
+
+  def reset(self, seed):
+    self.n = 2 + seed % 3
+    return f"count down from {self.n}"
+
+  def step(self, action):
+    self.actions.append(action)
+    if "0" in action:
+      return "", 1.0, True
+    self.n -= 1
+    return f"now {self.n}", 0.1, False
+
+
+def test_scripted_actor_and_cache_across_turns(codec, model, loop):
+  config, params = model
+  envs = [CountdownEnv(), CountdownEnv()]
+  counters = {}
+
+  def actor(row, obs):
+    n = int(re.findall(r"\d+", obs)[-1])
+    counters[row] = n
+    return f"<answer>{n - 1}</answer>"
+
+  out = loop.run(params, envs, [0, 1], jax.random.key(1), 7, actor=actor)
+  # Countdowns from 2 and 3 take 2 and 3 actions, each an answer "n-1".
+  assert [e.actions for e in envs] == [
+      ["<answer>1</answer>", "<answer>0</answer>"],
+      ["<answer>2</answer>", "<answer>1</answer>", "<answer>0</answer>"]]
+  np.testing.assert_allclose(out.reward_B, [1.1, 1.2], rtol=1e-6)
+  np.testing.assert_array_equal(out.done_B, [True, True])
+  np.testing.assert_array_equal(out.num_turns_B, [2, 3])
+  row = 1
+  n = int(out.length_B[row])
+  tokens = np.asarray(out.tokens_BxT[row, :n])
+  pieces = [codec.tokenizer.id_to_piece(t) for t in tokens]
+  text = codec.tokenizer.decode(tokens)
+  assert text.endswith("<answer>2</answer><tool_result>now 2</tool_result>"
+                        "<answer>1</answer><tool_result>now 1</tool_result>"
+                        "<answer>0</answer>"), text
+  mask = np.asarray(out.loss_mask_BxT[row, :n])
+  in_answer = np.zeros(n, bool)
+  inside = False
+  for i, p in enumerate(pieces):
+    if p == "<answer>":
+      inside = True
+    in_answer[i] = inside
+    if p == "</answer>":
+      inside = False
+  np.testing.assert_array_equal(mask, in_answer.astype(np.float32))
+  np.testing.assert_array_equal(
+      np.asarray(out.version_BxT[row, :n]), np.where(in_answer, 7, -1))
+  # The cache carried across host steps gives the same log-probs as a
+  # teacher-forced pass over the whole conversation.
+  assert _max_mismatch(params, config, out) < 1e-5
+
+
+def test_sampled_policy_stays_consistent(model, loop):
+  """A random policy: whatever it writes, the bookkeeping holds."""
+  config, params = model
+  out = loop.run(params, [CountdownEnv() for _ in range(2)], [0, 1],
+                 jax.random.key(3), 0)
+  assert bool(np.all(out.finished_B))
+  assert _max_mismatch(params, config, out) < 1e-5
+  mask = np.asarray(out.loss_mask_BxT)
+  assert np.all((mask > 0) == (np.asarray(out.version_BxT) == 0))
+  assert np.all(np.asarray(out.behaviour_logp_BxT)[mask == 0] == 0)
+
+
+def test_bad_actions_and_prompts_raise(codec, model, loop):
+  config, params = model
+  envs = [CountdownEnv(), CountdownEnv()]
+  with pytest.raises(ValueError, match="exactly one stop"):
+    loop.run(params, envs, [0, 0], jax.random.key(0), 0,
+             actor=lambda r, o: "no stop token")
+  with pytest.raises(ValueError, match="exceeds max_new_tokens_per_turn"):
+    loop.run(params, envs, [0, 0], jax.random.key(0), 0,
+             actor=lambda r, o: "<answer>" + "1" * 20 + "</answer>")
+  small = rollout.SamplingConfig(max_total_tokens=8)
+  with pytest.raises(ValueError, match="does not fit in the KV cache"):
+    rollout.HostLoop(config, small, codec, batch_size=1).run(
+        params, [CountdownEnv()], [0], jax.random.key(0), 0)
+  with pytest.raises(ValueError, match="need 2 environments"):
+    loop.run(params, envs[:1], [0], jax.random.key(0), 0)
+
+
+# ------------------------------------------------------------------ GEM games
+def _guess_the_number_actor():
+  bounds = {}
+
+  def actor(row, obs):
+    lo, hi = bounds.get(row, (1, 10))
+    m = re.search(r"guessed (\d+), and the target number is (higher|lower)", obs)
+    if m is None:
+      lo, hi = map(int, re.search(r"between (\d+) and (\d+)", obs).groups())
+    elif m.group(2) == "higher":
+      lo = int(m.group(1)) + 1
+    else:
+      hi = int(m.group(1)) - 1
+    bounds[row] = (lo, hi)
+    return f"<answer>\\boxed{{{(lo + hi) // 2}}}</answer>"
+
+  return actor
+
+
+def _mastermind_actor():
+  """Plays the first code consistent with all feedback so far."""
+  state = {}
+
+  def pegs(code, guess):
+    black = sum(c == g for c, g in zip(code, guess))
+    return black, len(set(code) & set(guess)) - black
+
+  def actor(row, obs):
+    if row not in state:
+      length = int(re.search(r"secret (\d+) digit", obs).group(1))
+      lo, hi = map(int, re.search(r"digits from (\d+) to (\d+)", obs).groups())
+      state[row] = {"cands": list(itertools.permutations(range(lo, hi + 1), length))}
+    s = state[row]
+    m = re.search(r"receives (\d+) black peg\(s\) and (\d+) white", obs)
+    if m is not None:
+      fb = tuple(map(int, m.groups()))
+      s["cands"] = [c for c in s["cands"] if pegs(c, s["last"]) == fb]
+    s["last"] = s["cands"][0]
+    return "<answer>\\boxed{" + " ".join(map(str, s["last"])) + "}</answer>"
+
+  return actor
+
+
+@pytest.mark.parametrize("env_id,make_actor", [
+    ("game:GuessTheNumber-v0-easy", _guess_the_number_actor),
+    ("game:Mastermind-v0-easy", _mastermind_actor),
+])
+def test_gem_games_with_scripted_players(model, loop, env_id, make_actor):
+  pytest.importorskip("gem", reason="GEM (pip install gem-llm==0.1.0) is optional")
+  config, params = model
+  envs = [rollout.GemEnv(env_id) for _ in range(2)]
+  out = loop.run(params, envs, [0, 1], jax.random.key(0), 0, actor=make_actor())
+  np.testing.assert_allclose(out.reward_B, [1.0, 1.0], atol=1e-6)
+  assert bool(np.all(out.done_B)) and not bool(np.any(out.truncated_B))
+  assert int(np.min(out.num_turns_B)) >= 2  # multi-turn: feedback was used
+  # A sampled (random) policy plays too; its log-probs match the learner's.
+  out = loop.run(params, envs, [2, 3], jax.random.key(1), 0)
+  assert bool(np.all(out.finished_B))
+  assert _max_mismatch(params, config, out) < 1e-5
+
+
+def test_gem_adapter_needs_gem_or_says_how():
+  try:
+    import gem  # noqa: F401
+  except ImportError:
+    with pytest.raises(ImportError, match="pip install"):
+      rollout.GemEnv("game:GuessTheNumber-v0-easy")
+  else:
+    with pytest.raises(ValueError):
+      rollout.GemEnv("game:NoSuchGame-v0")
