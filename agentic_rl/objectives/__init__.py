@@ -1,1 +1,70 @@
+"""Objectives: advantage estimators, policy losses, corrections, aggregation, optimisers.
 
+Pure array math over per-token ``[B, T]`` arrays and per-prompt rewards
+``[P, G]``; selectable by name from an :class:`ObjectiveConfig`. See
+``docs/objectives.md`` for the table of formulas, defaults and sources.
+"""
+
+from agentic_rl.objectives.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    broadcast_turn_advantages,
+    get_advantage_fn,
+)
+from agentic_rl.objectives.aggregation import (
+    AGG_MODES,
+    aggregate,
+    batch_normalisers,
+    masked_max,
+    masked_mean,
+)
+from agentic_rl.objectives.config import (
+    ObjectiveConfig,
+    OptimizerConfig,
+    make_advantage_fn,
+    make_policy_loss,
+    validate_objective_config,
+    validate_optimizer_config,
+)
+from agentic_rl.objectives.corrections import CORRECTIONS, IS_LEVELS, get_correction
+from agentic_rl.objectives.losses import (
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    get_policy_loss,
+    kl_penalty,
+    policy_loss,
+)
+from agentic_rl.objectives.optim import (
+    begin_iteration,
+    make_optimizer,
+    make_schedule,
+    reset_optimizer_state,
+)
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AGG_MODES",
+    "CORRECTIONS",
+    "IS_LEVELS",
+    "KL_ESTIMATORS",
+    "POLICY_LOSSES",
+    "ObjectiveConfig",
+    "OptimizerConfig",
+    "aggregate",
+    "batch_normalisers",
+    "begin_iteration",
+    "broadcast_turn_advantages",
+    "get_advantage_fn",
+    "get_correction",
+    "get_policy_loss",
+    "kl_penalty",
+    "make_advantage_fn",
+    "make_optimizer",
+    "make_policy_loss",
+    "make_schedule",
+    "masked_max",
+    "masked_mean",
+    "policy_loss",
+    "reset_optimizer_state",
+    "validate_objective_config",
+    "validate_optimizer_config",
+]

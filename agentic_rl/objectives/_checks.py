@@ -1,0 +1,20 @@
+"""Checks shared by the objective registries."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+
+
+def keyword_names(fn: Callable[..., object]) -> tuple[str, ...]:
+  """The keyword-only parameters (hyper-parameters) of ``fn``."""
+  params = inspect.signature(fn).parameters.values()
+  return tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY)
+
+
+def check_keywords(what: str, fn: Callable[..., object], kwargs: Mapping[str, object]) -> None:
+  """Raise ``ValueError`` if ``kwargs`` has a name ``fn`` does not accept."""
+  accepted = keyword_names(fn)
+  if unknown := sorted(set(kwargs) - set(accepted)):
+    raise ValueError(f"{what} got unknown hyper-parameter(s) {unknown}; it accepts: "
+                     f"{', '.join(accepted) or 'none'}")

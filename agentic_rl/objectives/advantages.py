@@ -1,0 +1,255 @@
+"""Advantage estimators, selectable by name.
+
+Group estimators take rewards ``[P, G]`` (P prompts, G samples each) and return
+advantages ``[P, G]`` in float32, one per sampled response; the loss broadcasts
+them over the response's tokens. ``remax`` also takes the greedy rewards
+``[P]``; ``rebn`` works on per-turn rewards ``[B, N]`` of multi-turn episodes.
+Every estimator is a pure function of its inputs; hyper-parameters are Python
+keywords (static under ``jit``).
+
+A group whose rewards are all equal carries no learning signal: every group
+estimator returns exactly 0 for it (never NaN), whatever the floating-point
+rounding of its mean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+_ESTIMATORS: dict[str, Callable[..., jax.Array]] = {}
+
+
+def _register(name: str):
+  def decorate(fn):
+    _ESTIMATORS[name] = fn
+    return fn
+  return decorate
+
+
+def _check_rewards(name: str, rewards_PxG: jax.Array, min_group: int) -> jax.Array:
+  rewards_PxG = jnp.asarray(rewards_PxG)
+  if rewards_PxG.ndim != 2:
+    raise ValueError(f"{name} needs rewards shaped [prompts, group], got shape {rewards_PxG.shape}")
+  if rewards_PxG.shape[1] < min_group:
+    raise ValueError(
+        f"{name} needs a group of at least {min_group} samples per prompt, got group size "
+        f"{rewards_PxG.shape[1]} (rewards shape {rewards_PxG.shape})")
+  return rewards_PxG.astype(jnp.float32)
+
+
+def _check_ddof_eps(name: str, ddof: int, eps: float) -> None:
+  if ddof not in (0, 1):
+    raise ValueError(f"{name}: ddof must be 0 (population std) or 1 (sample std), got {ddof}")
+  if eps < 0:
+    raise ValueError(f"{name}: eps must be >= 0, got {eps}")
+
+
+def _zero_constant_groups(adv_PxG: jax.Array, rewards_PxG: jax.Array) -> jax.Array:
+  constant_P1 = rewards_PxG.max(axis=-1, keepdims=True) == rewards_PxG.min(axis=-1, keepdims=True)
+  return jnp.where(constant_P1, 0.0, adv_PxG)
+
+
+def _centred(rewards_PxG: jax.Array) -> jax.Array:
+  return rewards_PxG - rewards_PxG.mean(axis=-1, keepdims=True)
+
+
+@_register("grpo")
+def grpo(rewards_PxG: jax.Array, *, ddof: int = 1, eps: float = 1e-6) -> jax.Array:
+  """GRPO group-normalised advantage (DeepSeekMath, arXiv 2402.03300).
+
+  ``A_i = (r_i - mean(r)) / (std(r) + eps)`` over the G samples of a prompt.
+  ``std`` is the *sample* std (``ddof=1``, Bessel-corrected) by default, as
+  ``torch.std`` in verl, TRL and OpenRLHF; ``ddof=0`` gives the population std.
+  Needs G >= 2.
+  """
+  _check_ddof_eps("grpo", ddof, eps)
+  r = _check_rewards("grpo", rewards_PxG, 2)
+  adv = _centred(r) / (r.std(axis=-1, ddof=ddof, keepdims=True) + eps)
+  return _zero_constant_groups(adv, r)
+
+
+@_register("dr_grpo")
+def dr_grpo(rewards_PxG: jax.Array) -> jax.Array:
+  """Dr. GRPO advantage (Liu et al., arXiv 2503.20783): ``A_i = r_i - mean(r)``.
+
+  GRPO without the std division (which biases towards too easy or too hard
+  questions). Pair it with ``agg='seq_mean_token_sum_norm'`` for the paper's
+  length-unbiased loss. Needs G >= 2.
+  """
+  r = _check_rewards("dr_grpo", rewards_PxG, 2)
+  return _zero_constant_groups(_centred(r), r)
+
+
+@_register("rloo")
+def rloo(rewards_PxG: jax.Array) -> jax.Array:
+  """REINFORCE leave-one-out (Ahmadian et al., arXiv 2402.14740).
+
+  ``A_i = r_i - (1 / (G - 1)) * sum_{j != i} r_j``: the baseline of each sample
+  is the mean of the *other* G - 1 samples, so it is independent of the
+  sample and the estimator is unbiased. Equals ``G / (G - 1) * (r_i -
+  mean(r))``. Needs G >= 2.
+  """
+  r = _check_rewards("rloo", rewards_PxG, 2)
+  group = r.shape[1]
+  others_mean = (r.sum(axis=-1, keepdims=True) - r) / (group - 1)
+  return _zero_constant_groups(r - others_mean, r)
+
+
+@_register("kimi")
+def kimi(rewards_PxG: jax.Array) -> jax.Array:
+  """Kimi k1.5 mean-of-k baseline (arXiv 2501.12599, §2.3.2): ``A_i = r_i - r_bar``.
+
+  ``r_bar`` is the mean reward of the k samples of the prompt, the paper's
+  approximation of ``tau * log Z``. This is the ``(r - r_bar)`` that the ``kimi``
+  and ``kimi_token_mask`` losses expect (the latter divides by its ``tau``).
+  Numerically the same as ``dr_grpo``. Needs G >= 2.
+  """
+  r = _check_rewards("kimi", rewards_PxG, 2)
+  return _zero_constant_groups(_centred(r), r)
+
+
+@_register("remax")
+def remax(rewards_PxG: jax.Array, greedy_rewards_P: jax.Array) -> jax.Array:
+  """ReMax (Li et al., arXiv 2310.10505): ``A_i = r_i - r(greedy)``.
+
+  The baseline is the reward of the greedy (argmax) decode of the same prompt
+  ``greedy_rewards_P`` ``[P]``; it does not depend on the sampled response, so
+  the estimator is unbiased. Works with any G >= 1.
+  """
+  r = _check_rewards("remax", rewards_PxG, 1)
+  greedy_rewards_P = jnp.asarray(greedy_rewards_P)
+  if greedy_rewards_P.shape != r.shape[:1]:
+    raise ValueError(
+        f"remax needs greedy rewards shaped [prompts] = {r.shape[:1]}, got {greedy_rewards_P.shape}")
+  return r - greedy_rewards_P.astype(jnp.float32)[:, None]
+
+
+def _normalise(values: jax.Array, valid: jax.Array, ddof: int, eps: float,
+               subtract_mean: bool = True) -> jax.Array:
+  """``(x - mean) / (std + eps)`` over the valid entries of the whole array."""
+  count = jnp.maximum(valid.sum(), 1).astype(jnp.float32)
+  mean = jnp.where(valid, values, 0.0).sum() / count
+  sq_dev = jnp.where(valid, jnp.square(values - mean), 0.0).sum()
+  std = jnp.sqrt(sq_dev / jnp.maximum(count - ddof, 1.0))
+  centred = values - mean if subtract_mean else values
+  constant = jnp.where(valid, values, jnp.inf).min() == jnp.where(valid, values, -jnp.inf).max()
+  return jnp.where(valid & ~constant, centred / (std + eps), 0.0)
+
+
+@_register("reinforce_pp")
+def reinforce_pp(rewards_PxG: jax.Array, *, group_baseline: bool = False, ddof: int = 1,
+                 eps: float = 1e-6) -> jax.Array:
+  """REINFORCE++ global batch normalisation (Hu, arXiv 2501.03262).
+
+  ``A = (r - mean_batch(r)) / (std_batch(r) + eps)`` over all P * G rewards.
+  With ``group_baseline=True`` (REINFORCE++-baseline) each reward first has its
+  group mean subtracted, ``a = r - mean_group(r)``, then ``A = a /
+  (std_batch(a) + eps)``: with equal group sizes ``mean_batch(a)`` is exactly
+  0, so a constant group keeps advantage 0. ``ddof=1`` (sample std) as verl's
+  ``masked_whiten``. Without the group baseline any G >= 1 works; with it
+  G >= 2 is needed. The per-token KL shaping of the paper is the loss's
+  ``kl_coef`` here.
+  """
+  _check_ddof_eps("reinforce_pp", ddof, eps)
+  r = _check_rewards("reinforce_pp", rewards_PxG, 2 if group_baseline else 1)
+  valid = jnp.ones(r.shape, bool)
+  if group_baseline:
+    centred = _zero_constant_groups(_centred(r), r)
+    return _normalise(centred, valid, ddof, eps, subtract_mean=False)
+  return _normalise(r, valid, ddof, eps)
+
+
+@_register("rebn")
+def rebn(turn_rewards_BxN: jax.Array, turn_mask_BxN: jax.Array, *, gamma: float = 0.9,
+         ddof: int = 0, eps: float = 1e-6) -> jax.Array:
+  """GEM return batch normalisation (ReBN; Liu et al., arXiv 2510.01051, §3).
+
+  Each turn (a whole response) is one action with reward ``r_t``. Returns
+  ``G_t = sum_{k >= t} gamma^(k - t) r_k`` (within an episode), then
+  ``A_t = (G_t - mean(G)) / (std(G) + eps)`` where mean and std run over
+  *every* valid transition of the batch (all episodes, all turns). Inputs
+  ``[B, N]`` (N = max turns; ``turn_mask`` marks real turns, padding last).
+  Returns ``[B, N]`` float32, 0 on padding turns. ``gamma = 0.9`` is GEM's
+  value for games and QA (1.0 elsewhere); ``ddof=0`` as GEM's ``np.std``.
+  Map per-turn advantages to tokens with :func:`broadcast_turn_advantages`.
+  """
+  _check_ddof_eps("rebn", ddof, eps)
+  if not 0.0 <= gamma <= 1.0:
+    raise ValueError(f"rebn: gamma must be in [0, 1], got {gamma}")
+  turn_rewards_BxN = jnp.asarray(turn_rewards_BxN)
+  if turn_rewards_BxN.ndim != 2 or turn_rewards_BxN.shape != jnp.shape(turn_mask_BxN):
+    raise ValueError(
+        f"rebn needs per-turn rewards and a turn mask of the same shape [episodes, turns], got "
+        f"{turn_rewards_BxN.shape} and {jnp.shape(turn_mask_BxN)}")
+  valid = jnp.asarray(turn_mask_BxN) != 0
+  rewards = jnp.where(valid, turn_rewards_BxN.astype(jnp.float32), 0.0)
+
+  def discount(later_return_B, reward_B):
+    ret_B = reward_B + gamma * later_return_B
+    return ret_B, ret_B
+
+  _, returns_NxB = jax.lax.scan(discount, jnp.zeros(rewards.shape[0]), rewards.T, reverse=True)
+  return _normalise(returns_NxB.T, valid, ddof, eps)
+
+
+def broadcast_turn_advantages(turn_adv_BxN: jax.Array, turn_index_BxT: jax.Array) -> jax.Array:
+  """Per-token advantages ``[B, T]`` from per-turn ones ``[B, N]``.
+
+  ``turn_index_BxT[b, t]`` is the turn that produced token t (negative for
+  tokens of no turn, e.g. prompt or padding, which get 0).
+  """
+  idx = jnp.asarray(turn_index_BxT)
+  taken = jnp.take_along_axis(turn_adv_BxN, jnp.clip(idx, 0, turn_adv_BxN.shape[1] - 1), axis=1)
+  return jnp.where(idx >= 0, taken, 0.0)
+
+
+def _comb_ratio(n_top: jax.Array, n_bottom: jax.Array, k: int) -> jax.Array:
+  """``C(n_top, k) / C(n_bottom, k) = prod_{i<k} (n_top - i) / (n_bottom - i)``.
+
+  Exact 0 when ``0 <= n_top < k`` (a factor vanishes); needs ``n_bottom >= k``.
+  """
+  i = jnp.arange(k, dtype=jnp.float32)
+  return jnp.prod((n_top[..., None] - i) / (n_bottom[..., None] - i), axis=-1)
+
+
+@_register("pass_at_k")
+def pass_at_k(rewards_PxG: jax.Array, *, k: int, threshold: float = 0.5) -> jax.Array:
+  """Closed-form pass@k advantage (Chen et al., "Pass@k Training", RUCAIBox).
+
+  With N = G samples of which ``N_neg`` fail (reward <= ``threshold``; a
+  success is reward > ``threshold``, so 0/1 and -1/+1 rewards both work):
+  ``R_bar = 1 - C(N_neg, k) / C(N, k)`` (the group's pass@k),
+  ``sigma = sqrt(R_bar (1 - R_bar))``,
+  ``A_pos = (1 - R_bar) / sigma``,
+  ``A_neg = (1 - R_bar - C(N_neg - 1, k - 1) / C(N - 1, k - 1)) / sigma``.
+  ``k`` (required, 1 <= k <= G) is the k of pass@k; ``k = 1`` gives GRPO with
+  the population std. Needs G >= 2.
+  """
+  r = _check_rewards("pass_at_k", rewards_PxG, 2)
+  group = r.shape[1]
+  if not isinstance(k, int) or not 1 <= k <= group:
+    raise ValueError(f"pass_at_k: k must be an integer in [1, group size {group}], got {k!r}")
+  success = r > threshold
+  n = jnp.float32(group)
+  n_neg = (~success).sum(axis=-1).astype(jnp.float32)
+  r_bar = 1.0 - _comb_ratio(n_neg, n, k)
+  sigma = jnp.sqrt(r_bar * (1.0 - r_bar))
+  safe_sigma = jnp.where(sigma > 0, sigma, 1.0)
+  a_pos = (1.0 - r_bar) / safe_sigma
+  a_neg = (1.0 - r_bar - _comb_ratio(n_neg - 1.0, n - 1.0, k - 1)) / safe_sigma
+  adv = jnp.where(success, a_pos[:, None], a_neg[:, None])
+  return jnp.where((sigma > 0)[:, None], adv, 0.0)
+
+
+ADVANTAGE_ESTIMATORS = tuple(_ESTIMATORS)
+
+
+def get_advantage_fn(name: str) -> Callable[..., jax.Array]:
+  """The estimator registered as ``name`` (see :data:`ADVANTAGE_ESTIMATORS`)."""
+  if name not in _ESTIMATORS:
+    raise ValueError(
+        f"unknown advantage estimator {name!r}; valid estimators: {', '.join(ADVANTAGE_ESTIMATORS)}")
+  return _ESTIMATORS[name]
