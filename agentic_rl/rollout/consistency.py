@@ -14,13 +14,14 @@ import jax
 import jax.numpy as jnp
 
 from agentic_rl import model as model_lib
-from agentic_rl.kernels import reference as kernels_ref
+from agentic_rl import kernels
 from agentic_rl.rollout import sampling as sampling_lib
 from agentic_rl.rollout.sampling import SamplingConfig
 
 
 def learner_logprobs(params, tokens_BxT: jax.Array, model_config,
-                     sampling: SamplingConfig) -> jax.Array:
+                     sampling: SamplingConfig, *,
+                     logprob_impl: str = "xla") -> jax.Array:
   """Teacher-forced log-prob of every token given its prefix.
 
   Untruncated sampling (temperature only) goes through
@@ -35,6 +36,8 @@ def learner_logprobs(params, tokens_BxT: jax.Array, model_config,
     tokens_BxT: int32 token ids.
     model_config: the policy's config.
     sampling: the sampling settings the tokens were drawn with.
+    logprob_impl: ``impl`` of ``kernels.token_logprobs`` ("xla",
+      "xla_chunked" or "pallas").
   Returns:
     float32 ``[B, T]``: entry t is ``log pi(tokens[t] | tokens[:t])``; entry
     0 (no prefix) is 0.
@@ -50,12 +53,12 @@ def learner_logprobs(params, tokens_BxT: jax.Array, model_config,
                                     axis=-1)[..., 0]
   else:
     D = hidden_BxTxD.shape[-1]
-    logp_N, _ = kernels_ref.token_logprobs(
+    logp_N, _ = kernels.token_logprobs(
         hidden_BxTxD[:, :-1].reshape(-1, D),
         model_lib.unembedding(params, model_config),
         targets_BxT1.reshape(-1),
         temperature=sampling.temperature,
-        softcap=model_config.final_logit_softcap)
+        softcap=model_config.final_logit_softcap, impl=logprob_impl)
     logp_BxT1 = logp_N.reshape(B, T - 1)
   return jnp.pad(logp_BxT1, ((0, 0), (1, 0)))
 
