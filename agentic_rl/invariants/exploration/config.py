@@ -34,7 +34,6 @@ class ExplorationConfig:
       after (Kimi K2's decay); ignored by the ``constant`` schedule.
     temperature_schedule: ``constant``, ``linear`` or ``cosine``.
     temperature_steps: length of the decay, in training steps.
-    ngram: order of the tool-call n-gram entropy monitor.
     bands: alarm bands, ``(("explore/...", Band), ...)``. The default fires
       when successful strategies per solved group fall below 1.5 on average
       (collapse towards a single path); tune it per task.
@@ -49,7 +48,6 @@ class ExplorationConfig:
   temperature_final: float = 1.0
   temperature_schedule: str = "constant"
   temperature_steps: int = 0
-  ngram: int = 2
   bands: tuple[tuple[str, Band], ...] = (("explore/distinct_success_seqs_solved", Band(low=1.5)),)
 
   def __post_init__(self):
@@ -71,5 +69,4 @@ class ExplorationConfig:
     if self.temperature_schedule != "constant" and self.temperature_steps == 0:
       raise ValueError(f"temperature_schedule={self.temperature_schedule!r} needs "
                        "temperature_steps > 0")
-    check_int("ngram", self.ngram, minimum=1)
     validate_bands(self.bands, "explore")
