@@ -5,6 +5,7 @@ it is the subprocess worker of those tests (JAX must see its device count
 and distributed setup before it is imported, hence the separate processes)::
 
     python tests/sharding_toy.py parity            # prints JSON, 8 devices
+    python tests/sharding_toy.py model             # the real transformer
     python tests/sharding_toy.py worker PID NPROC PORT STEPS
 
 The network is ``logits = tanh(E[tok] @ W1 + b1) @ W2 @ U`` with a squared
@@ -99,6 +100,41 @@ def run(mesh, n_steps: int):
   return losses, params
 
 
+def model_losses(mesh, n_steps: int = 2) -> list[float]:
+  """SGD on the real policy transformer (tiny GQA config), sharded by its
+  ``param_axes`` through the rules: losses of ``n_steps`` steps."""
+  from agentic_rl import model
+  cfg = model.TransformerConfig(vocab_size=32, d_model=16, n_layers=2,
+                                n_heads=4, n_kv_heads=2, head_dim=8,
+                                mlp_dim=32)
+  host = jax.device_get(model.init_params(cfg, jax.random.key(0)))
+  params_sh = sh.logical_to_sharding(model.param_axes(cfg), mesh, shapes=host)
+  optimizer = optax.sgd(0.1)
+
+  def step(params, opt_state, tokens_BxT):
+    def loss_fn(p):
+      logits_BxTxV = model.forward(p, tokens_BxT[:, :-1], cfg)
+      return optax.softmax_cross_entropy_with_integer_labels(
+          logits_BxTxV, tokens_BxT[:, 1:]).mean()
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  opt_sh = sh.opt_state_sharding(optimizer, host, params_sh, mesh)
+  jitted = sh.jit_sharded(
+      step, mesh, in_shardings=(params_sh, opt_sh, sh.batch_sharding(mesh)),
+      out_shardings=(params_sh, opt_sh, sh.replicated(mesh)))
+  params = jax.device_put(host, params_sh)
+  opt_state = jax.jit(optimizer.init, out_shardings=opt_sh)(params)
+  tokens = np.random.default_rng(2).integers(0, 32, (8, 9), dtype=np.int32)
+  losses = []
+  for _ in range(n_steps):
+    params, opt_state, loss = jitted(params, opt_state,
+                                     sh.shard_batch(tokens, mesh))
+    losses.append(float(loss))
+  return losses
+
+
 def _parity() -> None:
   """Print {mesh name: {losses, params, specs}} for 1 and 8 devices."""
   out = {}
@@ -113,6 +149,7 @@ def _parity() -> None:
         "specs": {k: str(v.sharding.spec) for k, v in params.items()},
         "devices": len(mesh.devices.flat),
     }
+
   print(json.dumps(out))
 
 
@@ -146,5 +183,10 @@ if __name__ == "__main__":
     _parity()
   elif sys.argv[1] == "worker":
     _worker(*map(int, sys.argv[2:6]))
+  elif sys.argv[1] == "model":
+    print(json.dumps({
+        name: model_losses(sh.make_mesh(cfg, jax.devices()[:n]))
+        for name, cfg, n in [("single", sh.MeshConfig(1, 1, 1), 1),
+                             ("d2f2t2", sh.MeshConfig(2, 2, 2), 8)]}))
   else:
     raise SystemExit(f"unknown mode {sys.argv[1]!r}")

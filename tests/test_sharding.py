@@ -264,3 +264,18 @@ def test_eight_simulated_devices_match_one_device():
   assert specs["w1"] == str(P("fsdp", "tensor"))
   assert specs["w_odd"] == str(P("fsdp", None))  # 3 columns: tensor dropped
   assert specs["embed"] == str(P("tensor", "fsdp"))
+
+
+@pytest.mark.slow
+def test_real_transformer_on_eight_devices_matches_one_device():
+  """The policy model sharded by its own param_axes (GQA heads on tensor,
+  embed on fsdp) trains like the unsharded one (two compiles: slow)."""
+  env = {**os.environ, "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+  proc = subprocess.run(
+      [sys.executable, toy.__file__, "model"], env=env, capture_output=True,
+      text=True, timeout=600, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert out["single"][1] < out["single"][0]
+  np.testing.assert_allclose(out["d2f2t2"], out["single"], rtol=1e-5)

@@ -168,6 +168,7 @@ def logical_to_spec(logical_axes: Sequence[str | None],
     raise ValueError(
         f"logical axes {tuple(logical_axes)} name {len(logical_axes)} "
         f"dimensions but the array has shape {tuple(shape)}")
+  _check_rules(rules, mesh_shape)
   used: set[str] = set()
   entries = []
   for dim, name in enumerate(logical_axes):
@@ -176,10 +177,6 @@ def logical_to_spec(logical_axes: Sequence[str | None],
       continue
     kept: list[str] = []
     for axis in _rule_axes(name, rules):
-      if axis not in mesh_shape:
-        raise ValueError(
-            f"rule {name!r} -> {rules[name]!r} names mesh axis {axis!r}, "
-            f"which is not one of the mesh axes {tuple(mesh_shape)}")
       split = math.prod(mesh_shape[a] for a in kept) * mesh_shape[axis]
       if axis in used or (shape is not None and shape[dim] % split):
         continue
