@@ -2,12 +2,13 @@
 
 - ``monitors``: staleness (mean, max, histogram) and behaviour/learner
   mismatch (log-prob gap, K3 KL, importance ratios);
-- ``weights``: per-token loss weights enforcing ``max_staleness``, masking
-  partial-rollout segments, and applying the TIS / MIS (IcePop) / mask / OPSM
-  correction;
+- ``weights``: per-token loss weights enforcing ``max_staleness`` and masking
+  partial-rollout segments;
 - ``fifo``: windowed-FIFO collection of finished groups in asynchronous mode.
 
-Switches live in ``ShiftConfig``; everything defaults to off.
+Switches live in ``ShiftConfig``; everything defaults to off. The
+behaviour/learner corrections (TIS, MIS / IcePop, OPSM) are loss terms in
+``agentic_rl.objectives.corrections``.
 """
 
 from agentic_rl.invariants.shift.config import ShiftConfig
@@ -15,11 +16,11 @@ from agentic_rl.invariants.shift.fifo import (LaunchQueue, collect, fifo_window,
                                               init_queue, launch)
 from agentic_rl.invariants.shift.monitors import (check_versions, shift_metrics, staleness,
                                                   staleness_histogram)
-from agentic_rl.invariants.shift.weights import (correction_weights, partial_rollout_weights,
-                                                 shift_weights, staleness_weights)
+from agentic_rl.invariants.shift.weights import (partial_rollout_weights, shift_weights,
+                                                 staleness_weights)
 
 __all__ = [
-    "LaunchQueue", "ShiftConfig", "check_versions", "collect", "correction_weights",
+    "LaunchQueue", "ShiftConfig", "check_versions", "collect",
     "fifo_window", "finish", "init_queue", "launch", "partial_rollout_weights", "shift_metrics",
     "shift_weights", "staleness", "staleness_histogram", "staleness_weights",
 ]

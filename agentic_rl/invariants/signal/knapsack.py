@@ -92,7 +92,8 @@ def allocate_budget(success_rates_P: np.ndarray, total: int, n_min: int, n_max: 
   return budgets
 
 
-def knapsack_budgets(config: SignalConfig, history: PromptHistory, prompt_ids: np.ndarray, group_size: int) -> np.ndarray:
+def knapsack_budgets(config: SignalConfig, history: PromptHistory, prompt_ids: np.ndarray,
+                     group_size: int) -> np.ndarray:
   """Budgets for a batch: ``allocate_budget`` on the history's estimates.
 
   Args:
