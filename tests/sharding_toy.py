@@ -6,7 +6,7 @@ and distributed setup before it is imported, hence the separate processes)::
 
     python tests/sharding_toy.py parity            # prints JSON, 8 devices
     python tests/sharding_toy.py model             # the real transformer
-    python tests/sharding_toy.py worker PID NPROC PORT STEPS
+    python tests/sharding_toy.py worker PID NPROC PORT STEPS WORKDIR
 
 The network is ``logits = tanh(E[tok] @ W1 + b1) @ W2 @ U`` with a squared
 side branch ``0.01 * mean((E[tok] @ W_odd)^2)`` whose 3 columns (named
@@ -23,7 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from agentic_rl.train import distributed
 from agentic_rl.train import sharding as sh
+from agentic_rl.train.checkpoint import Checkpointer
 
 VOCAB, EMBED, MLP, ODD = 16, 8, 12, 3
 BATCH, LENGTH = 16, 4
@@ -153,9 +155,10 @@ def _parity() -> None:
   print(json.dumps(out))
 
 
-def _worker(pid: int, nproc: int, port: int, n_steps: int) -> None:
-  """One process of a loopback multi-process run; prints its losses."""
-  from agentic_rl.train import distributed
+def _worker(pid: int, nproc: int, port: int, n_steps: int,
+            workdir: str) -> None:
+  """One process of a loopback multi-process run: trains, checkpoints to the
+  shared ``workdir`` and restores; prints its losses and parameter norms."""
   distributed.maybe_initialize(f"127.0.0.1:{port}", nproc, pid,
                                initialization_timeout=60)
   mesh = sh.make_mesh(sh.MeshConfig(data=1, fsdp=2, tensor=2))
@@ -167,22 +170,34 @@ def _worker(pid: int, nproc: int, port: int, n_steps: int) -> None:
       rows = slice(pid * per_process, (pid + 1) * per_process)
       batch = sh.shard_batch({k: v[rows] for k, v in batch.items()}, mesh,
                              process_local=True)
-    else:
-      batch = sh.shard_batch(batch, mesh)
+    else:  # even steps: the same global batch everywhere, as device arrays
+      batch = sh.shard_batch(jax.tree.map(jnp.asarray, batch), mesh)
     params, opt_state, loss = step(params, opt_state, batch)
     losses.append(float(loss))
-  norm = jax.jit(lambda p: sum(jnp.sum(x ** 2) for x in jax.tree.leaves(p)),
-                 out_shardings=sh.replicated(mesh))(params)
+  sq_norm = jax.jit(
+      lambda p: sum(jnp.sum(x ** 2) for x in jax.tree.leaves(p)),
+      out_shardings=sh.replicated(mesh))
+  state = {"params": params, "opt_state": opt_state,
+           "rng": jax.jit(lambda: jax.random.key(5),
+                          out_shardings=sh.replicated(mesh))()}
+  with Checkpointer(workdir) as ckpt:  # every process writes its shards
+    ckpt.save(n_steps, state, {"losses": losses})
+    target = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+        state)
+    restored, meta = ckpt.restore(target=target)
   print(json.dumps({"pid": pid, "process_count": jax.process_count(),
                     "devices": jax.device_count(), "losses": losses,
-                    "param_sq_norm": float(norm)}), flush=True)
+                    "param_sq_norm": float(sq_norm(params)),
+                    "restored_sq_norm": float(sq_norm(restored["params"])),
+                    "restored_losses": meta["losses"]}), flush=True)
 
 
 if __name__ == "__main__":
   if sys.argv[1] == "parity":
     _parity()
   elif sys.argv[1] == "worker":
-    _worker(*map(int, sys.argv[2:6]))
+    _worker(*map(int, sys.argv[2:6]), sys.argv[6])
   elif sys.argv[1] == "model":
     print(json.dumps({
         name: model_losses(sh.make_mesh(cfg, jax.devices()[:n]))

@@ -1,5 +1,6 @@
 """Two processes on loopback, joined by ``jax.distributed.initialize``, train
-the toy network over one global mesh and match a single process."""
+the toy network over one global mesh, match a single process, and save and
+restore one sharded checkpoint together."""
 
 import json
 import os
@@ -24,13 +25,13 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _run_workers() -> list[dict]:
+def _run_workers(workdir) -> list[dict]:
   env = {**os.environ, "JAX_PLATFORMS": "cpu",
          "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
   port = _free_port()
   procs = [subprocess.Popen(
       [sys.executable, toy.__file__, "worker", str(pid), str(N_PROC),
-       str(port), str(N_STEPS)],
+       str(port), str(N_STEPS), str(workdir)],
       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
            for pid in range(N_PROC)]
   results = []
@@ -47,10 +48,10 @@ def _run_workers() -> list[dict]:
   return results
 
 
-def test_two_processes_match_one_process():
+def test_two_processes_match_one_process_and_checkpoint_together(tmp_path):
   if "jax_cpu_collectives_implementation" not in jax.config.values:
     pytest.skip("this jax has no CPU cross-process collectives option")
-  results = _run_workers()
+  results = _run_workers(tmp_path)
   mesh = sh.make_mesh(sh.MeshConfig(1, 1, 1), jax.devices()[:1])
   ref_losses, ref_params = toy.run(mesh, N_STEPS)
   ref_norm = sum(float(np.sum(np.asarray(x) ** 2))
@@ -61,6 +62,9 @@ def test_two_processes_match_one_process():
     assert r["devices"] == 2 * N_PROC  # one global mesh over both processes
     np.testing.assert_allclose(r["losses"], ref_losses, rtol=1e-5)
     np.testing.assert_allclose(r["param_sq_norm"], ref_norm, rtol=1e-5)
+    assert r["restored_sq_norm"] == r["param_sq_norm"]
+    assert r["restored_losses"] == r["losses"]
+  assert os.listdir(tmp_path / "checkpoints") == [str(N_STEPS)]
 
 
 def test_maybe_initialize_is_a_no_op_without_arguments():

@@ -280,7 +280,8 @@ def shard_batch(batch_pytree: Any, mesh: Mesh,
   """Place a pytree of ``[B, ...]`` host arrays with :func:`batch_sharding`.
 
   Args:
-    batch_pytree: numpy or JAX arrays, all with the same leading size.
+    batch_pytree: numpy or JAX arrays (local or global), all with the same
+      leading size.
     mesh: the device mesh.
     rules: logical rules (the ``batch`` rule is used).
     process_local: False: every process passes the same *global* batch and
@@ -308,6 +309,12 @@ def shard_batch(batch_pytree: Any, mesh: Mesh,
         lambda x: jax.make_array_from_process_local_data(
             sharding, np.asarray(x), (size, *np.shape(x)[1:])),
         batch_pytree)
+  if jax.process_count() > 1:
+    # device_put onto other processes' devices takes host data (or global
+    # arrays), not an array on this process's devices.
+    batch_pytree = jax.tree.map(
+        lambda x: np.asarray(x) if isinstance(x, jax.Array)
+        and x.is_fully_addressable else x, batch_pytree)
   return jax.device_put(batch_pytree, sharding)
 
 
