@@ -1,0 +1,183 @@
+"""Flash attention: Pallas kernels (interpret mode on CPU) vs references."""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agentic_rl import kernels
+from agentic_rl.kernels import reference
+
+# Tiny tiles so that short sequences span several blocks (online softmax,
+# block skipping, masked/unmasked loops, padding of the last block).
+TINY = kernels.AttentionBlockSizes(16, 16, 16, 16, 16, 16)
+
+
+def _assert_close(x, ref, rel):
+  """max |x - ref| <= rel * max |ref| (relative to the tensor's scale)."""
+  x, ref = np.asarray(x, np.float32), np.asarray(ref, np.float32)
+  assert np.all(np.isfinite(x))
+  scale = max(float(np.max(np.abs(ref))), 1e-6)
+  err = float(np.max(np.abs(x - ref)))
+  assert err <= rel * scale, f"max error {err:.3g} > {rel} * {scale:.3g}"
+
+
+def _inputs(seed, B, T, S, H, K, D, dtype=jnp.float32):
+  kq, kk, kv, kc = jax.random.split(jax.random.key(seed), 4)
+  q = jax.random.normal(kq, (B, T, H, D), jnp.float32).astype(dtype)
+  k = jax.random.normal(kk, (B, S, K, D), jnp.float32).astype(dtype)
+  v = jax.random.normal(kv, (B, S, K, D), jnp.float32).astype(dtype)
+  ct = jax.random.normal(kc, (B, T, H, D), jnp.float32)
+  return q, k, v, ct
+
+
+def _packed_segments(B, T):
+  """Row 0: three packed docs; row 1: one doc then right padding (id -1)."""
+  row0 = np.repeat([0, 1, 2], [T // 3, T // 3, T - 2 * (T // 3)])
+  row1 = np.where(np.arange(T) < T - 7, 5, -1)
+  return jnp.asarray(np.stack([row0, row1][:B]), jnp.int32)
+
+
+def _value_and_grads(fn, q, k, v, ct, *traced):
+  """jitted ``fn(q, k, v, *traced)`` and (dq, dk, dv) of sum(out * ct)."""
+  def loss(q, k, v, *traced):
+    out = fn(q, k, v, *traced)
+    return jnp.sum(out.astype(jnp.float32) * ct), out
+  vg = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+  (_, out), grads = vg(q, k, v, *traced)
+  return out, grads
+
+
+def _nn_attention(q, k, v, *, causal=True, segment_ids=None,
+                  sliding_window=None):
+  mask = None
+  if segment_ids is not None:
+    mask = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+  local = None if sliding_window is None else (sliding_window - 1, 0)
+  return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal,
+                                      local_window_size=local,
+                                      implementation="xla")
+
+
+CASES = [
+    # name, (B, T, S, H, K, D), options, also compare with jax.nn
+    ("mha_unaligned", (2, 37, 37, 2, 2, 24), dict(), True),
+    ("gqa4_segments_window", (2, 40, 40, 4, 1, 16),
+     dict(segment_ids="packed", sliding_window=9), True),
+    ("gqa8_softcap", (1, 33, 33, 8, 1, 32), dict(softcap=5.0), False),
+    ("noncausal_window_cross_lengths", (2, 20, 45, 4, 2, 16),
+     dict(causal=False, sliding_window=6), False),
+]
+
+
+@pytest.mark.parametrize("name,shape,opts,vs_nn", CASES,
+                         ids=[c[0] for c in CASES])
+def test_pallas_matches_reference_fwd_and_grads(name, shape, opts, vs_nn):
+  B, T, S, H, K, D = shape
+  q, k, v, ct = _inputs(sum(map(ord, name)), *shape)
+  opts = dict(opts)
+  if opts.get("segment_ids") == "packed":
+    opts["segment_ids"] = _packed_segments(B, T)
+  out, grads = _value_and_grads(
+      functools.partial(kernels.flash_attention, impl="pallas",
+                        block_sizes=TINY, **opts), q, k, v, ct)
+  references = [functools.partial(reference.attention, **opts)]
+  if vs_nn:
+    references.append(functools.partial(_nn_attention, **opts))
+  chex.assert_shape(out, (B, T, H, D))
+  chex.assert_type(out, jnp.float32)
+  for ref_fn in references:
+    ref_out, ref_grads = _value_and_grads(ref_fn, q, k, v, ct)
+    _assert_close(out, ref_out, 1e-5)
+    for g, rg, x in zip(grads, ref_grads, (q, k, v)):
+      chex.assert_equal_shape([g, x])
+      _assert_close(g, rg, 1e-5)
+
+
+def test_traced_window_and_rows_without_visible_keys():
+  """One compiled program, window passed as data: 12 matches the reference;
+  0 hides every key, giving zero outputs and zero (finite) gradients."""
+  q, k, v, ct = _inputs(11, 1, 33, 33, 4, 1, 16)
+
+  def fn(q, k, v, window):
+    return kernels.flash_attention(q, k, v, sliding_window=window,
+                                   block_sizes=TINY)
+
+  out, grads = _value_and_grads(fn, q, k, v, ct, jnp.int32(12))
+  ref_out, ref_grads = _value_and_grads(
+      functools.partial(reference.attention, sliding_window=12), q, k, v, ct)
+  _assert_close(out, ref_out, 1e-5)
+  for g, rg in zip(grads, ref_grads):
+    _assert_close(g, rg, 1e-5)
+  out, grads = _value_and_grads(fn, q, k, v, ct, jnp.int32(0))
+  np.testing.assert_array_equal(out, 0.0)
+  for g in grads:
+    np.testing.assert_array_equal(g, 0.0)
+
+
+def test_bf16_gqa_window_matches_fp32_reference():
+  B, T, H, K, D = 2, 50, 4, 1, 32
+  q, k, v, ct = _inputs(3, B, T, T, H, K, D, jnp.bfloat16)
+  opts = dict(sliding_window=17, segment_ids=_packed_segments(B, T))
+  out, grads = _value_and_grads(
+      functools.partial(kernels.flash_attention, block_sizes=TINY, **opts),
+      q, k, v, ct)
+  f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+  ref_out, ref_grads = _value_and_grads(
+      functools.partial(reference.attention, **opts), *f32, ct)
+  chex.assert_type([out, *grads], jnp.bfloat16)
+  _assert_close(out, ref_out, 1e-2)
+  for g, rg in zip(grads, ref_grads):
+    _assert_close(g, rg, 1e-2)
+
+
+def test_eager_and_default_blocks_match_xla():
+  """No jit, default tile sizes (clipped to the short sequence)."""
+  q, k, v, _ = _inputs(5, 1, 24, 24, 2, 1, 16)
+  out = kernels.flash_attention(q, k, v)
+  _assert_close(out, kernels.flash_attention(q, k, v, impl="xla"), 1e-5)
+
+
+def test_traced_window_under_scan_matches_per_layer_static_windows():
+  """Per-layer windows scanned as a traced array, NO_WINDOW = global."""
+  q, k, v, _ = _inputs(2, 1, 30, 30, 2, 2, 16)
+  windows = jnp.array([4, reference.NO_WINDOW], jnp.int32)
+
+  def layer(x, w):
+    return kernels.flash_attention(x, k, v, sliding_window=w,
+                                   block_sizes=TINY), None
+
+  out, _ = jax.jit(lambda x: jax.lax.scan(layer, x, windows))(q)
+  expected = reference.attention(reference.attention(q, k, v,
+                                                     sliding_window=4), k, v)
+  _assert_close(out, expected, 1e-5)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(impl="triton"), "unknown impl"),
+    (dict(sliding_window=0), "sliding_window must be >= 1"),
+    (dict(sliding_window=2.5), "sliding_window must be an int"),
+    (dict(softcap=-1.0), "softcap must be finite and > 0"),
+    (dict(softcap=jnp.float32(2.0)), "softcap must be a Python number"),
+    (dict(segment_ids=jnp.zeros((2, 7), jnp.int32)), "segment_ids must have"),
+    (dict(impl="cudnn"), "needs a GPU"),
+    (dict(block_sizes=kernels.AttentionBlockSizes(block_q=24)),
+     "power of two"),
+])
+def test_bad_arguments_raise_value_error(kwargs, match):
+  q, k, v, _ = _inputs(0, 2, 8, 8, 4, 2, 16)
+  with pytest.raises(ValueError, match=match):
+    kernels.flash_attention(q, k, v, **kwargs)
+
+
+def test_bad_shapes_raise_value_error():
+  q, k, v, _ = _inputs(0, 1, 8, 8, 3, 2, 16)
+  with pytest.raises(ValueError, match="multiple of key/value heads"):
+    kernels.flash_attention(q, k, v)
+  with pytest.raises(ValueError, match="dtypes differ"):
+    kernels.flash_attention(q[:, :, :2], k.astype(jnp.bfloat16), v)
+  with pytest.raises(ValueError, match=r"\[batch, time, heads, head_dim\]"):
+    kernels.flash_attention(q[0], k, v)

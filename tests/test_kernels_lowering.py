@@ -1,0 +1,97 @@
+"""The Pallas kernels lower to Triton for CUDA, and backend dispatch.
+
+No GPU is needed: ``jax.export`` lowers for the ``cuda`` platform on CPU,
+which runs the Pallas -> Triton lowering (tile shapes, supported primitives,
+scalar operands). It does not run Triton's own compiler.
+"""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from agentic_rl import kernels
+from agentic_rl.kernels import _common
+
+_TRITON = "__gpu$xla.gpu.triton"
+
+
+@pytest.fixture
+def compiled_pallas(monkeypatch):
+  """Makes impl='pallas' pick the compiled (Triton) kernels on this CPU."""
+  monkeypatch.setattr(_common, "pallas_interpret", lambda op: False)
+
+
+def _triton_calls(fn, *args):
+  exported = jax.export.export(
+      jax.jit(fn), platforms=["cuda"],
+      disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(_TRITON)],
+  )(*args)
+  return exported.mlir_module().count(f"@{_TRITON}(")
+
+
+def _spec(shape, dtype=jnp.bfloat16):
+  return jax.ShapeDtypeStruct(shape, dtype)
+
+
+@pytest.mark.parametrize("opts", [
+    dict(),
+    dict(segment_ids=True, sliding_window=True, softcap=30.0),
+    dict(causal=False),
+], ids=["causal", "segments_window_softcap", "noncausal"])
+def test_flash_attention_fwd_and_bwd_lower_to_triton(compiled_pallas, opts):
+  B, T, H, K, D = 2, 4096, 8, 2, 128
+  opts = dict(opts)
+  use_seg = opts.pop("segment_ids", False)
+  use_window = opts.pop("sliding_window", False)
+
+  def loss(q, k, v, seg, window):
+    out = kernels.flash_attention(
+        q, k, v, segment_ids=seg if use_seg else None,
+        sliding_window=window if use_window else None, **opts)
+    return jnp.sum(out.astype(jnp.float32))
+
+  grads = jax.grad(loss, argnums=(0, 1, 2))
+  n = _triton_calls(grads, _spec((B, T, H, D)), _spec((B, T, K, D)),
+                    _spec((B, T, K, D)), _spec((B, T), jnp.int32),
+                    _spec((), jnp.int32))
+  assert n == 3  # forward, dQ, dK/dV
+
+
+def test_decode_attention_lowers_to_triton(compiled_pallas):
+  B, S, H, K, D = 8, 4000, 32, 8, 128
+
+  def fn(q, k, v, lengths, window):
+    return kernels.decode_attention(q, k, v, lengths, sliding_window=window,
+                                    softcap=50.0)
+
+  assert _triton_calls(fn, _spec((B, H, D)), _spec((B, S, K, D)),
+                       _spec((B, S, K, D)), _spec((B,), jnp.int32),
+                       _spec((), jnp.int32)) == 1
+
+
+def test_token_logprobs_fwd_and_bwd_lower_to_triton(compiled_pallas):
+  N, D, V = 8192, 2048, 128256  # Llama-3 vocabulary: not a tile multiple
+
+  def loss(h, w, targets):
+    logp, ent = kernels.token_logprobs(h, w, targets, temperature=0.9)
+    return jnp.sum(logp) + jnp.sum(ent)
+
+  grads = jax.grad(loss, argnums=(0, 1))
+  assert _triton_calls(grads, _spec((N, D)), _spec((D, V)),
+                       _spec((N,), jnp.int32)) == 2  # forward, logit grad
+
+
+def test_interpret_on_cpu_and_triton_on_gpu(monkeypatch):
+  for backend, interpret in (("cpu", True), ("gpu", False)):
+    monkeypatch.setattr(jax, "default_backend", lambda b=backend: b)
+    assert _common.pallas_interpret("op") is interpret
+
+
+def test_pallas_on_tpu_raises_a_clear_error(monkeypatch):
+  monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+  q = jnp.zeros((1, 16, 2, 16))
+  h = q[0, :, 0]
+  with pytest.raises(ValueError, match="no Mosaic kernel.*impl='xla'"):
+    kernels.flash_attention(q, q, q)
+  with pytest.raises(ValueError, match="no Mosaic kernel"):
+    kernels.token_logprobs(h, h, jnp.zeros((16,), jnp.int32))
