@@ -60,7 +60,7 @@ def test_jsonl_lines_are_strict_json_and_read_back(tmp_path):
       (2, {"loss": float("nan"), "reward": math.inf, "n": -math.inf}),
       (5, {"loss": jnp.array(1.0), "reward": True, "n": np.int32(7)}),
   ]
-  with m.MetricsWriter(tmp_path, 5, stream=io.StringIO()) as writer:
+  with m.MetricsWriter(tmp_path, 6, stream=io.StringIO()) as writer:
     for step, values in steps:
       writer.write(step, values)
   lines = (tmp_path / m.METRICS_FILE).read_text().splitlines()
@@ -96,13 +96,13 @@ def test_progress_line_rate_and_eta(tmp_path):
   with m.MetricsWriter(tmp_path, 10, tensorboard=False, stream=stream,
                        progress_every_s=0,
                        clock=FakeClock([100.0, 102.0, 104.0])) as writer:
-    writer.write(1, {"loss": 0.123456, "reward": 1})
-    writer.write(2, {"loss": 0.5})
-    writer.write(3, {"loss": 0.25})
+    writer.write(0, {"loss": 0.123456, "reward": 1})
+    writer.write(1, {"loss": 0.5})
+    writer.write(2, {"loss": 0.25})
   lines = stream.getvalue().splitlines()
   assert lines[0] == ("[ 1/10]  10.0% |##------------------| ETA ? | "
                       "loss=0.1235 reward=1")
-  # 2 steps in 4 s: 0.5 step/s, 7 steps left: 14 s.
+  # Step indices 0..2: 3 done; 2 steps in 4 s: 0.5 step/s, 7 left: 14 s.
   assert lines[2] == ("[ 3/10]  30.0% |######--------------| 0.5 step/s "
                       "ETA 0:00:14 | loss=0.25")
 
@@ -117,8 +117,8 @@ def test_progress_is_throttled_and_redrawn_on_a_terminal(tmp_path):
   with m.MetricsWriter(tmp_path, 5, tensorboard=False, stream=stream,
                        progress_every_s=5.0, progress_keys=["b"],
                        clock=clock) as writer:
-    for step in range(1, 6):
-      writer.write(step, {"a": 1.0, "b": float(step)})
+    for step in range(5):
+      writer.write(step, {"a": 1.0, "b": float(step + 1)})
   out = stream.getvalue()
   shown = [part.split("]")[0] for part in out.split("\r\x1b[K")[1:]]
   assert shown == ["[1/5", "[4/5", "[5/5"]  # first, after 5 s, last

@@ -122,7 +122,9 @@ class MetricsWriter:
   Args:
     workdir: run directory (created if missing).
     total_steps: the run's length, for the progress fraction and ETA.
-    start_step: the step the run starts (or resumes) from.  Records of an
+    start_step: the index of the first step this writer will see: 0, or on
+      resume the number of steps already done (the checkpoint's step; the
+      loop saves after step ``k - 1`` as checkpoint ``k``).  Records of an
       existing ``metrics.jsonl`` with ``step >= start_step`` (written by an
       earlier attempt after the checkpoint being resumed; all of them for a
       fresh start) are dropped, and TensorBoard hides its events from
@@ -182,8 +184,9 @@ class MetricsWriter:
   def write(self, step: int, metrics: Mapping[str, Any]) -> None:
     """Record ``metrics`` (name -> scalar, host or device) for ``step``.
 
-    ``step`` counts the steps done (progress is ``step / total_steps``) and
-    must increase from call to call.
+    ``step`` is the 0-based index of the step just finished (so ``step + 1``
+    steps are done; the last is ``total_steps - 1``) and must increase from
+    call to call.
     """
     if not isinstance(step, (int, np.integer)) or step < 0:
       raise ValueError(f"step must be a non-negative int, got {step!r}")
@@ -206,7 +209,7 @@ class MetricsWriter:
   def _progress(self, step: int, values: dict[str, float], now: float):
     if self._first is None:
       self._first = (step, now)
-    done = step >= self.total_steps
+    done = step + 1 >= self.total_steps
     if not done and now - self._last_progress < self._progress_every_s:
       return
     self._last_progress = now
@@ -220,15 +223,16 @@ class MetricsWriter:
   def _progress_line(self, step: int, values: dict[str, float],
                      now: float) -> str:
     """``[ 40/100]  40.0% |########------------| 2.5 step/s ETA 0:00:24 |
-    loss=0.53 reward=0.1``."""
+    loss=0.53 reward=0.1`` after step index 39 (40 steps done)."""
     first_step, first_time = self._first
-    fraction = min(step / self.total_steps, 1.0)
+    done = step + 1
+    fraction = min(done / self.total_steps, 1.0)
     filled = int(fraction * 20)
-    line = (f"[{step:>{len(str(self.total_steps))}}/{self.total_steps}] "
+    line = (f"[{done:>{len(str(self.total_steps))}}/{self.total_steps}] "
             f"{100 * fraction:5.1f}% |{'#' * filled}{'-' * (20 - filled)}| ")
     if step > first_step and now > first_time:
       rate = (step - first_step) / (now - first_time)
-      eta = max(self.total_steps - step, 0) / rate
+      eta = max(self.total_steps - done, 0) / rate
       line += f"{rate:.3g} step/s ETA {_format_duration(eta)}"
     else:
       line += "ETA ?"
@@ -247,7 +251,7 @@ class MetricsWriter:
       self._tb.close()
       self._tb = None
     if self._tty and self.enabled and self._last_step is not None and (
-        self._last_step < self.total_steps):
+        self._last_step + 1 < self.total_steps):
       self._stream.write("\n")
       self._stream.flush()
 
