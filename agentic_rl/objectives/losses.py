@@ -55,10 +55,6 @@ def _ratio(log_ratio: jax.Array) -> jax.Array:
   return jnp.exp(jnp.clip(log_ratio, -MAX_LOG_RATIO, MAX_LOG_RATIO))
 
 
-def _frac(cond: jax.Array, mask: jax.Array) -> jax.Array:
-  return masked_mean(cond, mask)
-
-
 def _clipped_surrogate(ratio, adv, mask, eps_low: float, eps_high: float,
                        dual_clip: float | None) -> tuple[jax.Array, Metrics]:
   """``max(-r A, -clip(r, 1 - eps_low, 1 + eps_high) A)``, optionally dual-clipped.
@@ -72,13 +68,13 @@ def _clipped_surrogate(ratio, adv, mask, eps_low: float, eps_high: float,
   clipped_value = -adv * jax.lax.stop_gradient(jnp.clip(ratio, lo, hi))
   loss = jnp.where(clip_high | clip_low, clipped_value, -adv * ratio)
   clipped = clip_high | clip_low
-  metrics = {"clip_frac_low": _frac(clip_low, mask), "clip_frac_high": _frac(clip_high, mask)}
+  metrics = {"clip_frac_low": masked_mean(clip_low, mask), "clip_frac_high": masked_mean(clip_high, mask)}
   if dual_clip is not None:
     dual = (adv < 0) & (ratio > dual_clip)
     loss = jnp.where(dual, -adv * dual_clip, loss)
     clipped = clipped | dual
-    metrics["dual_clip_frac"] = _frac(dual, mask)
-  metrics["clip_frac"] = _frac(clipped, mask)
+    metrics["dual_clip_frac"] = masked_mean(dual, mask)
+  metrics["clip_frac"] = masked_mean(clipped, mask)
   return loss, metrics
 
 
@@ -160,7 +156,7 @@ def cispo(logp, old_logp, adv, mask, *, eps_low: float = 1.0, eps_high: float = 
   lo, hi = max(1.0 - eps_low, 0.0), 1.0 + eps_high
   weight = jax.lax.stop_gradient(jnp.clip(ratio, lo, hi))
   clipped = (ratio < lo) | (ratio > hi)
-  return -weight * adv * logp, {"clip_frac": _frac(clipped, mask)}
+  return -weight * adv * logp, {"clip_frac": masked_mean(clipped, mask)}
 
 
 @_register("kimi")
@@ -212,7 +208,7 @@ def kimi_token_mask(logp, old_logp, adv, mask, *, alpha: float = -math.log(2.0),
   log_ratio = logp - old_logp
   inside = (log_ratio >= alpha) & (log_ratio <= beta)
   loss = jnp.where(inside, -(adv / tau) * logp, 0.0)
-  return loss, {"clip_frac": _frac(~inside, mask)}
+  return loss, {"clip_frac": masked_mean(~inside, mask)}
 
 
 def _covariance(logp, adv, mask) -> jax.Array:
@@ -256,7 +252,7 @@ def clip_cov(logp, old_logp, adv, mask, *, eps_low: float = 0.2, eps_high: float
   candidates = (mask != 0) & unclipped & (cov > cov_lb) & (cov < cov_ub)
   priority = cov if key is None else jax.random.uniform(key, cov.shape)
   detached = _select(priority, candidates, mask, clip_ratio)
-  metrics["cov_frac"] = _frac(detached, mask)
+  metrics["cov_frac"] = masked_mean(detached, mask)
   return jnp.where(detached, jax.lax.stop_gradient(loss), loss), metrics
 
 
@@ -276,7 +272,7 @@ def kl_cov(logp, old_logp, adv, mask, *, kl_ratio: float = 2e-4, cov_kl_coef: fl
   penalised = _select(cov, mask != 0, mask, kl_ratio)
   loss = -adv * _ratio(logp - old_logp)
   loss = loss + jnp.where(penalised, cov_kl_coef * jnp.abs(logp - old_logp), 0.0)
-  return loss, {"clip_frac": jnp.float32(0.0), "cov_frac": _frac(penalised, mask)}
+  return loss, {"clip_frac": jnp.float32(0.0), "cov_frac": masked_mean(penalised, mask)}
 
 
 def kl_penalty(logp_BxT: jax.Array, ref_logp_BxT: jax.Array, estimator: str = "k3") -> jax.Array:
