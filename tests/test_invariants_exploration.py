@@ -23,10 +23,9 @@ SUCCESS = np.array([[1, 1, 1, 0], [0, 0, 0, 0]], bool)
 
 
 def _random_hashes(rng, p, g, c, alphabet=3):
-  """Random call sequences with many repeats: a random length, then random calls."""
-  lengths = rng.integers(0, c + 1, size=(p, g))
-  hashes = rng.integers(0, alphabet, size=(p, g, c)).astype(np.int32)
-  return np.where(np.arange(c) < lengths[..., None], hashes, -1).astype(np.int32)
+  """Random call sequences with many repeats; -1 (non-call steps, padding) anywhere."""
+  hashes = rng.integers(0, alphabet, size=(p, g, c))
+  return np.where(rng.random((p, g, c)) < 0.3, -1, hashes).astype(np.int32)
 
 
 def _levenshtein(a, b):
@@ -48,6 +47,17 @@ def _calls(row):
 def test_distinct_sequences_hand_computed():
   np.testing.assert_array_equal(exploration.distinct_sequences(HASHES), [3, 3])
   np.testing.assert_array_equal(exploration.distinct_sequences(HASHES, SUCCESS), [2, 0])
+
+
+def test_non_call_steps_inside_a_row_are_ignored():
+  interleaved = np.array([[[1, -1, 2, -1], [1, 2, -1, -1], [-1, 1, -1, 2], [2, 1, -1, -1]]],
+                         np.int32)
+  np.testing.assert_array_equal(exploration.compact_calls(interleaved[0, 0]), [1, 2, -1, -1])
+  np.testing.assert_array_equal(exploration.distinct_sequences(interleaved), [2])
+  # Three copies of [1, 2] and one [2, 1]: three of the six pairs at distance 2 / 2.
+  np.testing.assert_allclose(exploration.pairwise_edit_distance(interleaved), [0.5], rtol=1e-6)
+  np.testing.assert_allclose(exploration.ngram_entropy(interleaved, 2),
+                             -(0.75 * math.log(0.75) + 0.25 * math.log(0.25)), rtol=1e-6)
 
 
 def test_distinct_sequences_match_python_sets_jit_and_ragged():

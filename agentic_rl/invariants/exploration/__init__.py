@@ -12,13 +12,14 @@ in ``agentic_rl.objectives``. Switches live in ``ExplorationConfig``.
 from agentic_rl.invariants.exploration.config import ExplorationConfig
 from agentic_rl.invariants.exploration.controllers import (EntropyCoefState, init_entropy_coef,
                                                            temperature_at, update_entropy_coef)
-from agentic_rl.invariants.exploration.monitors import (distinct_sequences, exploration_metrics,
+from agentic_rl.invariants.exploration.monitors import (compact_calls, distinct_sequences,
+                                                        exploration_metrics,
                                                         ngram_entropy, pairwise_edit_distance,
                                                         pass_at_k, pass_at_k_metrics,
                                                         token_entropy_mean)
 
 __all__ = [
-    "EntropyCoefState", "ExplorationConfig", "distinct_sequences", "exploration_metrics",
+    "EntropyCoefState", "ExplorationConfig", "compact_calls", "distinct_sequences", "exploration_metrics",
     "init_entropy_coef", "ngram_entropy", "pairwise_edit_distance", "pass_at_k",
     "pass_at_k_metrics", "temperature_at", "token_entropy_mean", "update_entropy_coef",
 ]

@@ -2,9 +2,10 @@
 
 Token entropy alone says little about agentic exploration, so these work at the
 level of *strategies*: the canonical tool-call sequence of each rollout
-(``call_hashes``: one int32 hash per tool call, tool id plus normalised
-arguments, ``-1`` after the last call; the value -1 is reserved for padding).
-Two rollouts follow the same strategy iff their hash rows are equal.
+(``call_hashes``: one int32 hash per environment step, tool id plus normalised
+arguments; ``-1`` marks padding and steps that were not tool calls and is
+reserved for that). A rollout's sequence is its non-(-1) hashes in order, so
+two rollouts follow the same strategy iff those sequences are equal.
 Definitions follow ``algorithms.md`` §9.9:
 
 - distinct tool-call sequences per group, and the same among successful
@@ -38,10 +39,17 @@ def token_entropy_mean(entropy_BxT: jax.Array, mask_BxT: jax.Array) -> jax.Array
   return jnp.sum(entropy * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
-def _hash_rows(call_hashes: jax.Array, group_B, num_groups) -> tuple[jax.Array, jax.Array, int]:
+def compact_calls(call_hashes: jax.Array) -> jax.Array:
+  """Moves every -1 to the end of its row, keeping the calls' order: ``[..., C]``."""
   hashes = jnp.asarray(call_hashes)
   if not jnp.issubdtype(hashes.dtype, jnp.integer):
     raise ValueError(f"call_hashes must be integers, got {hashes.dtype}")
+  order = jnp.argsort(hashes == PAD_HASH, axis=-1, stable=True)
+  return jnp.take_along_axis(hashes, order, axis=-1)
+
+
+def _hash_rows(call_hashes: jax.Array, group_B, num_groups) -> tuple[jax.Array, jax.Array, int]:
+  hashes = compact_calls(call_hashes)
   hashes_BxC, group_B, num_groups = flatten_groups(hashes, group_B, num_groups, "call_hashes")
   if hashes_BxC.ndim != 2:
     raise ValueError("call_hashes must be [P, G, C] (or [B, C] with group_B), got shape "
@@ -74,8 +82,8 @@ def distinct_sequences(call_hashes: jax.Array, success: jax.Array | None = None,
 def ngram_entropy(call_hashes: jax.Array, n: int = 2) -> jax.Array:
   """Shannon entropy (nats) of the tool-call n-grams of a batch.
 
-  Every window of n consecutive calls inside a rollout is one n-gram; windows
-  that reach into the padding are skipped. ``-sum_u q_u log q_u`` with ``q_u``
+  Every window of n consecutive calls inside a rollout's sequence is one
+  n-gram. ``-sum_u q_u log q_u`` with ``q_u``
   the empirical frequency of n-gram u; 0 when there is none.
 
   Args:
@@ -84,7 +92,7 @@ def ngram_entropy(call_hashes: jax.Array, n: int = 2) -> jax.Array:
   """
   if isinstance(n, bool) or not isinstance(n, int) or n < 1:
     raise ValueError(f"n must be a positive int, got {n!r}")
-  hashes = jnp.asarray(call_hashes)
+  hashes = compact_calls(call_hashes)
   hashes = hashes.reshape(-1, hashes.shape[-1])
   num_calls = hashes.shape[1]
   if num_calls < n or hashes.shape[0] == 0:
@@ -117,9 +125,9 @@ def pairwise_edit_distance(call_hashes_PxGxC: jax.Array) -> jax.Array:
   Returns:
     float32 ``[P]``.
   """
-  hashes = jnp.asarray(call_hashes_PxGxC)
-  if hashes.ndim != 3 or not jnp.issubdtype(hashes.dtype, jnp.integer):
-    raise ValueError(f"call_hashes must be int [P, G, C], got {hashes.dtype}{hashes.shape}")
+  hashes = compact_calls(call_hashes_PxGxC)
+  if hashes.ndim != 3:
+    raise ValueError(f"call_hashes must be int [P, G, C], got shape {hashes.shape}")
   num_prompts, group_size, num_calls = hashes.shape
   if group_size < 2:
     return jnp.zeros((num_prompts,), jnp.float32)
