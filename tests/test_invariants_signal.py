@@ -330,6 +330,10 @@ def test_history_update_and_posterior_mean():
   np.testing.assert_allclose(h2.successes, [1, 0, 1.5, 0])
   np.testing.assert_allclose(h2.attempts, [2, 0, 4, 0])
   np.testing.assert_allclose(h.successes, [1, 0, 3, 0])  # the old history is unchanged
+  per_rollout = signal.update_history(signal.init_history(4), np.array([0, 0, 2, 2, 2]),
+                                      np.array([True, False, True, True, False]))
+  np.testing.assert_allclose(per_rollout.successes, [1, 0, 2, 0])
+  np.testing.assert_allclose(per_rollout.attempts, [2, 0, 3, 0])
   with pytest.raises(ValueError, match=r"\[0, 4\)"):
     signal.update_history(h, np.array([4]), np.array([0]), 1)
   with pytest.raises(ValueError, match="attempts"):

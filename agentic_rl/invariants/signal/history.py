@@ -54,14 +54,15 @@ def check_prompt_ids(prompt_ids: np.ndarray, num_prompts: int) -> np.ndarray:
 
 
 def update_history(history: PromptHistory, prompt_ids: np.ndarray, successes: np.ndarray,
-                   attempts: np.ndarray | int, decay: float = 1.0) -> PromptHistory:
+                   attempts: np.ndarray | int = 1, decay: float = 1.0) -> PromptHistory:
   """Adds new outcomes.
 
   Args:
     history: the current counts.
     prompt_ids: int ``[N]`` prompt of each entry; repeats are summed.
     successes: ``[N]`` successes per entry (a count, or a bool per rollout).
-    attempts: ``[N]`` rollouts per entry, or one int for all entries.
+    attempts: ``[N]`` rollouts per entry, or one int for all entries (1: one
+      entry per rollout, ``successes`` its bool outcome).
     decay: in (0, 1]; the old counts of every prompt in ``prompt_ids`` are
       multiplied by it (once) before the new ones are added.
 
