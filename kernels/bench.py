@@ -1,0 +1,274 @@
+"""Benchmark every implementation of each kernel op side by side.
+
+    python -m agentic_rl.kernels.bench --out FILE [--quick] [--ops a,b]
+
+For each op and shape, every implementation available on this backend is
+compiled once (``jax.jit(f).lower(...).compile()``, whose
+``memory_analysis()`` gives the temporary and peak memory), warmed up, then
+timed as the median of ``--repeats`` calls ending in ``block_until_ready``.
+Throughput is TFLOP/s for attention and log-probs (useful FLOPs: causal
+attention counts visible pairs only, backward = 2.5x forward as in
+FlashAttention-2; log-probs count ``2NDV`` per matmul, 3 for fwd+bwd) and
+GB/s for decode (cache bytes read), reported against the device's spec peak
+when known. A failing implementation is recorded with its error and the run
+goes on. ``--quick`` uses tiny shapes (CPU: Pallas runs interpreted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import functools
+import json
+import os
+import platform
+import statistics
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentic_rl import kernels
+
+# Spec peaks (dense bf16 FLOP/s, HBM bytes/s) by device_kind substring.
+_PEAKS = {
+    "H200": (989e12, 4.8e12),
+    "H100": (989e12, 3.35e12),
+    "A100": (312e12, 2.0e12),
+}
+
+
+@dataclasses.dataclass
+class Case:
+  """One op at one shape: per-impl callables over the same arguments."""
+  op: str
+  mode: str  # "fwd" or "fwd+bwd"
+  shape: str
+  dtype: str
+  fns: dict[str, Callable]
+  args: tuple
+  flops: float | None = None  # useful FLOPs per call
+  bytes: float | None = None  # bytes that must move per call
+
+
+def _peaks():
+  kind = jax.devices()[0].device_kind
+  for key, peak in _PEAKS.items():
+    if key in kind:
+      return peak
+  return None, None
+
+
+def _available(op: str) -> tuple[str, ...]:
+  impls = {"flash_attention": ("xla", "pallas", "cudnn"),
+           "token_logprobs": ("xla", "xla_chunked", "pallas"),
+           "decode_attention": ("xla", "pallas")}[op]
+  if jax.default_backend() not in ("gpu", "cuda", "rocm"):
+    impls = tuple(i for i in impls if i != "cudnn")
+  if jax.default_backend() == "tpu":
+    impls = tuple(i for i in impls if i != "pallas")
+  return impls
+
+
+def _attention_cases(B, T, H, K, D, dtype, window=None):
+  keys = jax.random.split(jax.random.key(0), 3)
+  q = jax.random.normal(keys[0], (B, T, H, D), dtype)
+  k = jax.random.normal(keys[1], (B, T, K, D), dtype)
+  v = jax.random.normal(keys[2], (B, T, K, D), dtype)
+  visible = T * (T + 1) / 2 if window is None else sum(
+      min(t + 1, window) for t in range(T))
+  fwd_flops = 4.0 * B * H * D * visible
+  shape = f"B{B} T{T} H{H} K{K} D{D}" + (f" w{window}" if window else "")
+  fwd, fwd_bwd = {}, {}
+  for impl in _available("flash_attention"):
+    attend = functools.partial(kernels.flash_attention, causal=True,
+                               sliding_window=window, impl=impl)
+    fwd[impl] = attend
+    fwd_bwd[impl] = jax.grad(
+        lambda q, k, v, attend=attend: jnp.sum(
+            attend(q, k, v).astype(jnp.float32)), argnums=(0, 1, 2))
+  name = jnp.dtype(dtype).name
+  return [Case("flash_attention", "fwd", shape, name, fwd, (q, k, v),
+               flops=fwd_flops),
+          Case("flash_attention", "fwd+bwd", shape, name, fwd_bwd, (q, k, v),
+               flops=3.5 * fwd_flops)]
+
+
+def _logprob_cases(N, D, V, dtype):
+  keys = jax.random.split(jax.random.key(1), 3)
+  h = jax.random.normal(keys[0], (N, D), dtype)
+  w = (jax.random.normal(keys[1], (D, V), jnp.float32) * D ** -0.5).astype(
+      dtype)
+  targets = jax.random.randint(keys[2], (N,), 0, V)
+  fwd, fwd_bwd = {}, {}
+  for impl in _available("token_logprobs"):
+    f = functools.partial(kernels.token_logprobs, impl=impl)
+    fwd[impl] = f
+
+    def loss(h, w, targets, f=f):
+      logp, ent = f(h, w, targets)
+      return jnp.sum(logp) + 0.01 * jnp.sum(ent)
+    fwd_bwd[impl] = jax.grad(loss, argnums=(0, 1))
+  matmul = 2.0 * N * D * V
+  shape, name = f"N{N} D{D} V{V}", jnp.dtype(dtype).name
+  return [Case("token_logprobs", "fwd", shape, name, fwd, (h, w, targets),
+               flops=matmul),
+          Case("token_logprobs", "fwd+bwd", shape, name, fwd_bwd,
+               (h, w, targets), flops=3 * matmul)]
+
+
+def _decode_cases(B, S, H, K, D, dtype):
+  keys = jax.random.split(jax.random.key(2), 4)
+  q = jax.random.normal(keys[0], (B, H, D), dtype)
+  k = jax.random.normal(keys[1], (B, S, K, D), dtype)
+  v = jax.random.normal(keys[2], (B, S, K, D), dtype)
+  lengths = jax.random.randint(keys[3], (B,), S // 2, S + 1)
+  fns = {impl: functools.partial(kernels.decode_attention, impl=impl)
+         for impl in _available("decode_attention")}
+  read = 2.0 * float(jnp.sum(lengths)) * K * D * jnp.dtype(dtype).itemsize
+  return [Case("decode_attention", "fwd", f"B{B} S{S} H{H} K{K} D{D}",
+               jnp.dtype(dtype).name, fns, (q, k, v, lengths), bytes=read)]
+
+
+def cases(quick: bool, ops: set[str]) -> list[Case]:
+  """The benchmark configuration (full: sized for ~5 min on one H200)."""
+  out = []
+  if "flash_attention" in ops:
+    shapes = ([(1, 128, 2, 1, 32)] if quick else
+              [(4, 4096, 16, 16, 128), (4, 4096, 32, 8, 128)])
+    dtype = jnp.float32 if quick else jnp.bfloat16
+    for shape in shapes:
+      out += _attention_cases(*shape, dtype)
+    if not quick:
+      out += _attention_cases(4, 4096, 16, 16, 128, dtype, window=1024)
+  if "token_logprobs" in ops:
+    shapes = ([(256, 32, 16384)] if quick else
+              [(8192, 2048, 131072), (4096, 2048, 32768)])
+    dtype = jnp.float32 if quick else jnp.bfloat16
+    for shape in shapes:
+      out += _logprob_cases(*shape, dtype)
+  if "decode_attention" in ops:
+    shapes = ([(2, 200, 4, 2, 32)] if quick else
+              [(64, 8192, 32, 8, 128), (8, 32768, 32, 8, 128)])
+    dtype = jnp.float32 if quick else jnp.bfloat16
+    for shape in shapes:
+      out += _decode_cases(*shape, dtype)
+  return out
+
+
+def _memory(compiled) -> dict:
+  stats = compiled.memory_analysis()
+  if stats is None:
+    return {}
+  fields = ("temp_size_in_bytes", "peak_memory_in_bytes",
+            "argument_size_in_bytes", "output_size_in_bytes")
+  return {f: int(getattr(stats, f)) for f in fields if hasattr(stats, f)}
+
+
+def run_case(case: Case, repeats: int, warmup: int) -> list[dict]:
+  """Times each implementation of ``case``; one result dict per impl."""
+  peak_flops, peak_bw = _peaks()
+  rows = []
+  for impl, fn in case.fns.items():
+    row = dict(op=case.op, mode=case.mode, shape=case.shape,
+               dtype=case.dtype, impl=impl)
+    try:
+      t0 = time.perf_counter()
+      compiled = jax.jit(fn).lower(*case.args).compile()
+      row["compile_s"] = time.perf_counter() - t0
+      row.update(_memory(compiled))
+      for _ in range(warmup):
+        jax.block_until_ready(compiled(*case.args))
+      times = []
+      for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(compiled(*case.args))
+        times.append(time.perf_counter() - t0)
+      seconds = statistics.median(times)
+      row["ms"] = 1e3 * seconds
+      if case.flops:
+        row["tflops"] = case.flops / seconds / 1e12
+        if peak_flops and case.dtype == "bfloat16":
+          row["pct_peak"] = 100 * case.flops / seconds / peak_flops
+      if case.bytes:
+        row["gbps"] = case.bytes / seconds / 1e9
+        if peak_bw:
+          row["pct_peak"] = 100 * case.bytes / seconds / peak_bw
+    except Exception as e:  # pylint: disable=broad-except
+      row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    rows.append(row)
+  base = next((r for r in rows if r["impl"] == "xla" and "ms" in r), None)
+  for r in rows:
+    if base and "ms" in r:
+      r["speedup_vs_xla"] = base["ms"] / r["ms"]
+      if r.get("temp_size_in_bytes") and base.get("temp_size_in_bytes"):
+        r["temp_vs_xla"] = r["temp_size_in_bytes"] / base["temp_size_in_bytes"]
+  return rows
+
+
+def format_table(rows: list[dict]) -> str:
+  header = ["op", "mode", "shape", "dtype", "impl", "ms", "TFLOP/s|GB/s",
+            "%peak", "temp MiB", "x vs xla", "temp/xla"]
+  lines = [header]
+  for r in rows:
+    if "error" in r:
+      lines.append([r["op"], r["mode"], r["shape"], r["dtype"], r["impl"],
+                    "ERROR " + r["error"][:60], "", "", "", "", ""])
+      continue
+    rate = r.get("tflops", r.get("gbps"))
+    temp = r.get("temp_size_in_bytes")
+    lines.append([
+        r["op"], r["mode"], r["shape"], r["dtype"], r["impl"],
+        f"{r['ms']:.3f}", "" if rate is None else f"{rate:.3g}",
+        f"{r['pct_peak']:.0f}" if "pct_peak" in r else "",
+        "" if temp is None else f"{temp / 2**20:.1f}",
+        f"{r['speedup_vs_xla']:.2f}" if "speedup_vs_xla" in r else "",
+        f"{r['temp_vs_xla']:.3f}" if "temp_vs_xla" in r else ""])
+  widths = [max(len(str(line[i])) for line in lines)
+            for i in range(len(header))]
+  text = [" | ".join(str(c).ljust(w) for c, w in zip(line, widths))
+          for line in lines]
+  text.insert(1, "-|-".join("-" * w for w in widths))
+  return "\n".join(text)
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", required=True, help="JSON file to write")
+  parser.add_argument("--quick", action="store_true",
+                      help="tiny shapes (CPU: Pallas interpreted)")
+  parser.add_argument("--ops", default="flash_attention,token_logprobs,"
+                      "decode_attention", help="comma-separated ops")
+  parser.add_argument("--repeats", type=int, default=None)
+  args = parser.parse_args(argv)
+  ops = set(args.ops.split(","))
+  unknown = ops - {"flash_attention", "token_logprobs", "decode_attention"}
+  if unknown:
+    parser.error(f"unknown ops {sorted(unknown)}")
+  repeats = args.repeats or (3 if args.quick else 20)
+  device = jax.devices()[0]
+  report = dict(
+      date=datetime.datetime.now(datetime.timezone.utc).isoformat(
+          timespec="seconds"),
+      backend=jax.default_backend(), device_kind=device.device_kind,
+      num_cpus=os.cpu_count(), machine=platform.machine(),
+      jax_version=jax.__version__, quick=args.quick, repeats=repeats,
+      peak_bf16_flops=_peaks()[0], peak_hbm_bytes_per_s=_peaks()[1],
+      rows=[])
+  for case in cases(args.quick, ops):
+    for row in run_case(case, repeats, warmup=1 if args.quick else 3):
+      report["rows"].append(row)
+      result = row.get("error") or f"{row['ms']:.3f} ms"
+      print(f"{row['op']} {row['mode']} [{row['shape']}] {row['impl']}: "
+            f"{result}", flush=True)
+  print(format_table(report["rows"]))
+  with open(args.out, "w") as f:
+    json.dump(report, f, indent=1, default=float)
+  return report
+
+
+if __name__ == "__main__":
+  main()
