@@ -159,7 +159,7 @@ def test_bad_corrections_raise_clear_errors():
   with pytest.raises(ValueError, match=r"correction_kwargs for \['mis'\]"):
     loss(LOGP, LOGP, ADV, MASK, behaviour_logp_BxT=BEHAVIOUR, correction="tis",
          correction_kwargs={"mis": {"low": 0.1}})
-  with pytest.raises(ValueError, match=r"correction 'tis' got unknown hyper-parameter\(s\) \['C'\]"):
+  with pytest.raises(ValueError, match=r"'tis' got unknown hyper-parameter\(s\) \['C'\]"):
     loss(LOGP, LOGP, ADV, MASK, behaviour_logp_BxT=BEHAVIOUR, correction="tis",
          correction_kwargs={"tis": {"C": 2.0}})
   with pytest.raises(ValueError, match="cap C must be > 0"):

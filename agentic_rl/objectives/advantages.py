@@ -123,7 +123,8 @@ def remax(rewards_PxG: jax.Array, greedy_rewards_P: jax.Array) -> jax.Array:
   greedy_rewards_P = jnp.asarray(greedy_rewards_P)
   if greedy_rewards_P.shape != r.shape[:1]:
     raise ValueError(
-        f"remax needs greedy rewards shaped [prompts] = {r.shape[:1]}, got {greedy_rewards_P.shape}")
+        f"remax needs greedy rewards shaped [prompts] = {r.shape[:1]}, got "
+        f"{greedy_rewards_P.shape}")
   return r - greedy_rewards_P.astype(jnp.float32)[:, None]
 
 
@@ -251,5 +252,6 @@ def get_advantage_fn(name: str) -> Callable[..., jax.Array]:
   """The estimator registered as ``name`` (see :data:`ADVANTAGE_ESTIMATORS`)."""
   if name not in _ESTIMATORS:
     raise ValueError(
-        f"unknown advantage estimator {name!r}; valid estimators: {', '.join(ADVANTAGE_ESTIMATORS)}")
+        f"unknown advantage estimator {name!r}; valid estimators: "
+        f"{', '.join(ADVANTAGE_ESTIMATORS)}")
   return _ESTIMATORS[name]

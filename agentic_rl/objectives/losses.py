@@ -56,26 +56,27 @@ def _ratio(log_ratio: jax.Array) -> jax.Array:
 
 
 def _clipped_surrogate(ratio, adv, mask, eps_low: float, eps_high: float,
-                       dual_clip: float | None) -> tuple[jax.Array, Metrics]:
+                       dual_clip: float | None) -> tuple[jax.Array, jax.Array, Metrics]:
   """``max(-r A, -clip(r, 1 - eps_low, 1 + eps_high) A)``, optionally dual-clipped.
 
   Written as a selection so that a clipped token's term is a constant (zero
   gradient) and an unclipped one is exactly ``-r A`` (even at the boundary).
+  Returns the per-token term, the clipped tokens and the clip metrics.
   """
   lo, hi = 1.0 - eps_low, 1.0 + eps_high
   clip_high = (adv > 0) & (ratio > hi)
   clip_low = (adv < 0) & (ratio < lo)
-  clipped_value = -adv * jax.lax.stop_gradient(jnp.clip(ratio, lo, hi))
-  loss = jnp.where(clip_high | clip_low, clipped_value, -adv * ratio)
   clipped = clip_high | clip_low
-  metrics = {"clip_frac_low": masked_mean(clip_low, mask), "clip_frac_high": masked_mean(clip_high, mask)}
+  loss = jnp.where(clipped, -adv * jax.lax.stop_gradient(jnp.clip(ratio, lo, hi)), -adv * ratio)
+  metrics = {"clip_frac_low": masked_mean(clip_low, mask),
+             "clip_frac_high": masked_mean(clip_high, mask)}
   if dual_clip is not None:
     dual = (adv < 0) & (ratio > dual_clip)
     loss = jnp.where(dual, -adv * dual_clip, loss)
     clipped = clipped | dual
     metrics["dual_clip_frac"] = masked_mean(dual, mask)
   metrics["clip_frac"] = masked_mean(clipped, mask)
-  return loss, metrics
+  return loss, clipped, metrics
 
 
 def _check_eps(name: str, eps_low: float, eps_high: float) -> None:
@@ -111,7 +112,9 @@ def ppo(logp, old_logp, adv, mask, *, eps_low: float = 0.2, eps_high: float = 0.
   _check_eps("ppo", eps_low, eps_high)
   if dual_clip is not None and dual_clip <= 1.0:
     raise ValueError(f"ppo: dual_clip must be > 1 (or None), got {dual_clip}")
-  return _clipped_surrogate(_ratio(logp - old_logp), adv, mask, eps_low, eps_high, dual_clip)
+  loss, _, metrics = _clipped_surrogate(_ratio(logp - old_logp), adv, mask, eps_low, eps_high,
+                                        dual_clip)
+  return loss, metrics
 
 
 @_register("gspo")
@@ -132,8 +135,9 @@ def gspo(logp, old_logp, adv, mask, *, eps_low: float = 3e-4, eps_high: float = 
   lengths_B1 = jnp.maximum(valid.sum(axis=-1, keepdims=True), 1)
   seq_log_ratio_B1 = (logp - old_logp).sum(axis=-1, keepdims=True) / lengths_B1
   seq_log_ratio_B1 = jnp.clip(seq_log_ratio_B1, -MAX_LOG_RATIO, MAX_LOG_RATIO)
-  token_ratio = jnp.exp(jax.lax.stop_gradient(seq_log_ratio_B1) + logp - jax.lax.stop_gradient(logp))
-  loss, metrics = _clipped_surrogate(token_ratio, adv, mask, eps_low, eps_high, None)
+  sg = jax.lax.stop_gradient
+  token_ratio = jnp.exp(sg(seq_log_ratio_B1) + logp - sg(logp))
+  loss, _, metrics = _clipped_surrogate(token_ratio, adv, mask, eps_low, eps_high, None)
   seq_valid_B1 = valid.any(axis=-1, keepdims=True)
   metrics["seq_ratio_mean"] = masked_mean(jnp.exp(seq_log_ratio_B1), seq_valid_B1)
   metrics["seq_ratio_max"] = masked_max(jnp.exp(seq_log_ratio_B1), seq_valid_B1)
@@ -244,12 +248,12 @@ def clip_cov(logp, old_logp, adv, mask, *, eps_low: float = 0.2, eps_high: float
   the highest-covariance ones without a key. Means and n are over this call's
   masked tokens (as verl, per micro-batch). Defaults are verl's.
   """
+  _check_eps("clip_cov", eps_low, eps_high)
   _check_ratio("clip_cov", clip_ratio)
-  loss, metrics = ppo(logp, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high)
-  ratio = _ratio(logp - old_logp)
-  unclipped = ~(((adv > 0) & (ratio > 1.0 + eps_high)) | ((adv < 0) & (ratio < 1.0 - eps_low)))
+  loss, clipped, metrics = _clipped_surrogate(_ratio(logp - old_logp), adv, mask, eps_low,
+                                              eps_high, None)
   cov = _covariance(logp, adv, mask)
-  candidates = (mask != 0) & unclipped & (cov > cov_lb) & (cov < cov_ub)
+  candidates = (mask != 0) & ~clipped & (cov > cov_lb) & (cov < cov_ub)
   priority = cov if key is None else jax.random.uniform(key, cov.shape)
   detached = _select(priority, candidates, mask, clip_ratio)
   metrics["cov_frac"] = masked_mean(detached, mask)
