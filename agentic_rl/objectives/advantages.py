@@ -14,6 +14,7 @@ rounding of its mean.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 
 import jax
@@ -212,7 +213,7 @@ def _comb_ratio(n_top: jax.Array, n_bottom: jax.Array, k: int) -> jax.Array:
 
   Exact 0 when ``0 <= n_top < k`` (a factor vanishes); needs ``n_bottom >= k``.
   """
-  i = jnp.arange(k, dtype=jnp.float32)
+  i = jnp.arange(int(k), dtype=jnp.float32)
   return jnp.prod((n_top[..., None] - i) / (n_bottom[..., None] - i), axis=-1)
 
 
@@ -231,7 +232,7 @@ def pass_at_k(rewards_PxG: jax.Array, *, k: int, threshold: float = 0.5) -> jax.
   """
   r = _check_rewards("pass_at_k", rewards_PxG, 2)
   group = r.shape[1]
-  if not isinstance(k, int) or not 1 <= k <= group:
+  if not isinstance(k, numbers.Integral) or not 1 <= k <= group:
     raise ValueError(f"pass_at_k: k must be an integer in [1, group size {group}], got {k!r}")
   success = r > threshold
   n = jnp.float32(group)
