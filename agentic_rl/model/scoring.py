@@ -1,0 +1,40 @@
+"""Teacher-forced scoring: each token's log-prob and each position's entropy.
+
+The one scoring path: the learner's losses, its ``old_logp`` recompute and the
+rollout engine's train/inference consistency check all call
+:func:`sequence_logprobs`, so sampling and learning run the same model code.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from agentic_rl import kernels
+from agentic_rl.model.config import TransformerConfig
+from agentic_rl.model.transformer import forward, unembedding
+
+
+def sequence_logprobs(params, tokens_BxT: jax.Array, config: TransformerConfig, *,
+                      temperature: float = 1.0, impl: str = "xla",
+                      ) -> tuple[jax.Array, jax.Array]:
+  """``log pi(tokens[t] | tokens[:t])`` and the entropy of that distribution.
+
+  ``pi = softmax(softcap(h_{t-1} @ W) / temperature)``, computed from the
+  final hidden states with the fused ``kernels.token_logprobs`` op (``impl``:
+  ``"xla"``, ``"xla_chunked"`` or ``"pallas"``), so ``[B, T, V]`` logits are
+  never needed (inside ``jit`` the unused logits of ``forward`` are dropped).
+
+  Returns:
+    float32 ``(logp_BxT, entropy_BxT)``; entry 0 (no prefix) is 0 in both.
+  """
+  tokens_BxT = jnp.asarray(tokens_BxT, jnp.int32)
+  B, T = tokens_BxT.shape
+  _, hidden_BxTxD = forward(params, tokens_BxT, config, return_hidden=True)
+  D = hidden_BxTxD.shape[-1]
+  logp_N, entropy_N = kernels.token_logprobs(
+      hidden_BxTxD[:, :-1].reshape(-1, D), unembedding(params, config),
+      tokens_BxT[:, 1:].reshape(-1), temperature=temperature,
+      softcap=config.final_logit_softcap, impl=impl)
+  pad = lambda x: jnp.pad(x.reshape(B, T - 1), ((0, 0), (1, 0)))  # noqa: E731
+  return pad(logp_N), pad(entropy_N)

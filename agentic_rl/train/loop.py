@@ -1,0 +1,397 @@
+"""The training run: stages (SFT warm start, then RL) over one policy.
+
+``train(cfg, workdir)`` builds everything from a validated config
+(:mod:`agentic_rl.train.config`), resumes from ``workdir`` if it holds a
+checkpoint, runs the stages in order and writes ``summary.json``. Every RL
+iteration reports the three invariants (``explore/*``, ``signal/*``,
+``shift/*``) next to rewards and throughput.
+
+An RL iteration:
+
+1. the signal controller picks prompts and allocates rollouts
+   (``invariants.signal.allocate_rollouts``: uniform, DAPO dynamic sampling,
+   Reinforce-Ada or Knapsack), sampling through the jitted rollout engine with
+   the *actor's* parameters, which lag the learner by ``max_staleness``
+   updates in off-policy mode;
+2. advantages from the rewards of each group (``objectives``);
+3. the learner scores the batch once (``old_logp``: the iteration's start,
+   which is also the train/inference mismatch monitor), the shift controller
+   turns staleness, partial-rollout and correction rules into per-token loss
+   weights, and ``updates_per_batch`` optimiser steps follow.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentic_rl import envs as envs_lib
+from agentic_rl import invariants
+from agentic_rl import model as model_lib
+from agentic_rl import objectives
+from agentic_rl.envs import scripted
+from agentic_rl.invariants import exploration, shift, signal
+from agentic_rl.model.scoring import sequence_logprobs
+from agentic_rl.rollout.engine import RolloutEngine
+from agentic_rl.rollout.sampling import SamplingConfig
+from agentic_rl.rollout.types import Rollout
+from agentic_rl.text import codec as codec_lib
+from agentic_rl.text import load_tokenizer
+from agentic_rl.train import checkpoint as checkpoint_lib
+from agentic_rl.train import config as config_lib
+from agentic_rl.train import learner
+from agentic_rl.train import metrics as metrics_lib
+from agentic_rl.train import sharding
+from agentic_rl.train.tasks import Tasks
+
+
+@dataclasses.dataclass
+class Run:
+  """Everything built once from the config."""
+
+  cfg: Any
+  codec: codec_lib.Codec
+  env: Any
+  tasks: Tasks
+  model_config: model_lib.TransformerConfig
+  mesh: Any
+  eval_engine: RolloutEngine
+  passk_engine: RolloutEngine
+
+
+def build(cfg) -> Run:
+  config_lib.validate(cfg)
+  codec = codec_lib.Codec(load_tokenizer())
+  env = envs_lib.make_env(
+      "mixture", codec, members=tuple(cfg.tasks.families),
+      weights=tuple(cfg.tasks.weights),
+      rewards=envs_lib.RewardConfig(**cfg.tasks.rewards))
+  model_config = config_lib.model_config(cfg, codec.tokenizer.vocab_size)
+  mesh = sharding.make_mesh(sharding.MeshConfig(**cfg.mesh))
+  tasks = Tasks(env, seed=cfg.seed, difficulty=cfg.tasks.difficulty,
+                prompt_len=cfg.sampling.max_total_tokens // 2)
+  greedy = config_lib.sampling_config(cfg, greedy=True)
+  sample = config_lib.sampling_config(cfg)
+  eval_engine = RolloutEngine(model_config, greedy, codec.ids, env=env,
+                              batch_size=cfg.eval.num_prompts)
+  passk_engine = RolloutEngine(model_config, sample, codec.ids, env=env,
+                               batch_size=cfg.eval.num_prompts * cfg.eval.pass_k,
+                               group_size=cfg.eval.pass_k)
+  return Run(cfg, codec, env, tasks, model_config, mesh, eval_engine, passk_engine)
+
+
+# ------------------------------------------------------------------ evaluation
+def evaluate(run: Run, params, key) -> dict[str, float]:
+  """Greedy success and sampled pass@k on the held-out test split."""
+  n, k = run.cfg.eval.num_prompts, run.cfg.eval.pass_k
+  inst, prompts, lens = run.tasks.fixed_set("test", n)
+  greedy = run.eval_engine.rollout(params, prompts, lens, inst, key, 0)
+  success = np.asarray(greedy.reward_components["outcome"]) > 0.5
+  sampled = run.passk_engine.rollout(params, prompts, lens, inst, key, 0)
+  success_PxK = np.asarray(sampled.reward_components["outcome"]).reshape(n, k) > 0.5
+  out = {"eval/success": float(success.mean())}
+  out.update({k_: float(v) for k_, v in
+              exploration.pass_at_k_metrics(success_PxK, k).items()})
+  return out
+
+
+# ------------------------------------------------------------------ SFT stage
+def demonstrations(run: Run, stage, key) -> dict[str, np.ndarray]:
+  """Encoded scripted demonstrations, padded to ``[N, T]``.
+
+  Each task family contributes in proportion to its mixture weight, with
+  every scripted strategy in turn and ``stage.demo_noise`` (wrong steps,
+  early answers), so the warm-started policy is competent but imperfect. The
+  instances come from their own seed stream, apart from RL and test prompts.
+  """
+  T = run.cfg.sampling.max_total_tokens
+  rows, masks = [], []
+  members = getattr(run.env, "envs", (run.env,))
+  weights = getattr(run.env, "weights", (1.0,))
+  for f, (env, w) in enumerate(zip(members, weights)):
+    n = int(round(stage.num_demos * w))
+    keys = jax.random.split(jax.random.fold_in(key, f), n)
+    inst = jax.jit(jax.vmap(lambda k, env=env: env.generate(k, run.cfg.tasks.difficulty)))(keys)
+    strategy = np.arange(n) % len(env.strategies)
+    for s in range(len(env.strategies)):
+      part = jax.tree.map(lambda x: x[strategy == s], inst)
+      for conv in scripted.demonstrations(env, part, jax.random.fold_in(keys[0], s),
+                                          strategy=s, noise=stage.demo_noise):
+        enc = run.codec.encode(conv)
+        if len(enc.ids) <= T:
+          rows.append(enc.ids)
+          masks.append(enc.loss_mask)
+  if not rows:
+    raise ValueError(f"no demonstration fits in max_total_tokens={T}")
+  return {"tokens_BxT": codec_lib.pad_batch(rows, T, run.codec.ids.pad),
+          "loss_mask_BxT": codec_lib.pad_batch(masks, T, 0.0)}
+
+
+# ------------------------------------------------------------------ RL stage
+def _gather_rows(parts: list[Rollout], call: np.ndarray, row: np.ndarray) -> Rollout:
+  """The rows ``(call[i], row[i])`` of several rollout batches, in order."""
+  stacked = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *parts)
+  offsets = np.cumsum([0] + [int(p.length_B.shape[0]) for p in parts])
+  flat = offsets[call] + row
+  return jax.tree.map(lambda x: x[flat], stacked)
+
+
+@dataclasses.dataclass
+class RLStage:
+  """The RL stage's compiled pieces and host-side state."""
+
+  engine: RolloutEngine
+  objective: objectives.ObjectiveConfig
+  signal_cfg: signal.SignalConfig
+  shift_cfg: shift.ShiftConfig
+  step_fn: Any
+  score_fn: Any
+  rows: int
+
+
+def make_rl_stage(run: Run, stage, optimizer) -> RLStage:
+  cfg = run.cfg
+  P, G = stage.prompts_per_step, stage.group_size
+  sampling = config_lib.sampling_config(cfg, temperature=stage.temperature,
+                                        top_k=stage.top_k, top_p=stage.top_p)
+  engine = RolloutEngine(run.model_config, sampling, run.codec.ids, env=run.env,
+                         batch_size=P * G, group_size=1)
+  objective = config_lib.objective_config(stage)
+  loss_fn = learner.rl_loss(run.model_config, objective, temperature=stage.temperature,
+                            logprob_impl=cfg.model.logprob_impl)
+  step_fn = jax.jit(learner.make_train_step(loss_fn, optimizer,
+                                            micro_batches=cfg.micro_batches),
+                    donate_argnums=0)
+  score_fn = jax.jit(lambda params, tokens: sequence_logprobs(
+      params, tokens, run.model_config, temperature=stage.temperature,
+      impl=cfg.model.logprob_impl)[0])
+  return RLStage(engine, objective, config_lib.signal_config(stage),
+                 config_lib.shift_config(stage), step_fn, score_fn, P * G)
+
+
+def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_params,
+                 actor_version: int, draw_prompts, history, key):
+  """One RL iteration; returns ``(state, history, metrics)``.
+
+  ``draw_prompts(num, key) -> ids`` yields training prompt ids (it advances
+  the data position); ``actor_params`` made the rollouts (``actor_version``
+  updates old).
+  """
+  P, G = stage.prompts_per_step, stage.group_size
+  parts: list[Rollout] = []
+  rollout_tokens = [0]
+  t0 = time.perf_counter()
+
+  def sample_fn(ids_N, n, k):
+    """Rollouts for prompts ``ids_N`` x ``n``, in fixed-size engine calls."""
+    want = np.repeat(np.asarray(ids_N), n)
+    out = []
+    for start in range(0, want.size, rl.rows):
+      chunk = want[start:start + rl.rows]
+      padded = np.resize(chunk, rl.rows)  # repeat to the engine's batch
+      inst = run.tasks.instances("train", padded)
+      prompts, lens = run.tasks.prompts(inst)
+      ro = rl.engine.rollout(actor_params, prompts, lens, inst,
+                             jax.random.fold_in(k, start), actor_version)
+      ro = jax.tree.map(lambda x: np.asarray(x)[:chunk.size], ro)
+      parts.append(ro)
+      rollout_tokens[0] += int(ro.loss_mask_BxT.sum())
+      out.append(ro.reward_components["outcome"] > 0.5)
+    return np.concatenate(out).reshape(len(ids_N), n)
+
+  key, draw_key = jax.random.split(key)
+  prompt_ids = draw_prompts(P, draw_key)
+  sampled = signal.allocate_rollouts(rl.signal_cfg, sample_fn, prompt_ids, G, key,
+                                     draw_prompts=draw_prompts, history=history)
+  rollout_s = time.perf_counter() - t0
+  batch = _gather_rows(parts, sampled.call, sampled.row)
+  history = signal.update_history(history, sampled.prompt_ids[sampled.group],
+                                  sampled.success, decay=rl.signal_cfg.history_decay)
+  rewards, seq_weight = signal.shape_truncated(
+      rl.signal_cfg, batch.reward_B, batch.truncated_B, batch.length_B)
+  rewards, seq_weight = np.asarray(rewards), np.asarray(seq_weight)
+  adv_fn = objectives.make_advantage_fn(rl.objective)
+  advantages_B = np.asarray(adv_fn(jnp.asarray(rewards.reshape(P, G)))).reshape(-1)
+
+  t1 = time.perf_counter()
+  tokens = jnp.asarray(batch.tokens_BxT)
+  old_logp = rl.score_fn(state.params, tokens)
+  version = int(state.step)
+  weights, shift_stats = shift.shift_weights(
+      rl.shift_cfg, batch.loss_mask_BxT, batch.version_BxT, version)
+  weights = weights * seq_weight[:, None]
+  learn_batch = {"tokens_BxT": tokens, "loss_mask_BxT": weights,
+                 "advantages_B": jnp.asarray(advantages_B, jnp.float32),
+                 "old_logp_BxT": old_logp,
+                 "behaviour_logp_BxT": jnp.asarray(batch.behaviour_logp_BxT)}
+  learn_metrics = []
+  for _ in range(stage.updates_per_batch):
+    state, m = rl.step_fn(state, learn_batch)
+    learn_metrics.append(m)
+  learn_s = time.perf_counter() - t1
+
+  success = np.asarray(batch.reward_components["outcome"]) > 0.5
+  metrics = {"reward/mean": float(rewards.mean())}
+  metrics.update({f"reward/{k}": float(np.mean(v)) for k, v in batch.reward_components.items()})
+  metrics.update(exploration.exploration_metrics(
+      batch.entropy_BxT, batch.loss_mask_BxT, batch.call_hashes_BxC.reshape(P, G, -1),
+      success.reshape(P, G)))
+  metrics.update(signal.signal_metrics(success.reshape(P, G), advantages_B,
+                                       batch.loss_mask_BxT, loss_weight_BxT=weights))
+  metrics.update(sampled.metrics)
+  metrics.update(shift.shift_metrics(batch.loss_mask_BxT, batch.behaviour_logp_BxT,
+                                     old_logp, batch.version_BxT, version))
+  metrics.update(shift_stats)
+  last = jax.tree.map(float, learn_metrics[-1])
+  metrics.update(last)
+  metrics.update({
+      "shift/clip_frac": last.get("clip_frac", 0.0),
+      "signal/grad_norm": last["signal/grad_norm"],
+      "train/skipped": sum(float(m["train/skipped"]) for m in learn_metrics),
+      "episode/turns": float(np.mean(batch.num_turns_B)),
+      "episode/tool_errors": float(np.mean(batch.num_tool_errors_B)),
+      "episode/truncated": float(np.mean(batch.truncated_B)),
+      "episode/length": float(np.mean(batch.length_B)),
+      "perf/rollout_tokens_per_s": rollout_tokens[0] / max(rollout_s, 1e-9),
+      "perf/learner_tokens_per_s": stage.updates_per_batch * float(np.sum(batch.length_B))
+                                   / max(learn_s, 1e-9),
+  })
+  return state, history, {k: float(v) for k, v in metrics.items()}
+
+
+# ------------------------------------------------------------------ the run
+@dataclasses.dataclass
+class Progress:
+  """Host-side position of the run (checkpointed as JSON meta)."""
+
+  stage_index: int = 0
+  stage_step: int = 0
+  global_step: int = 0
+  data_pos: int = 0
+
+
+def _stage_optimizer(stage, total_steps: int):
+  return objectives.make_optimizer(config_lib.optimizer_config(stage, total_steps))
+
+
+def _stage_steps(stage) -> int:
+  return stage.steps if stage.kind == "sft" else stage.iterations
+
+
+def _restore_opt_state(optimizer, params, leaves):
+  target = jax.eval_shape(optimizer.init, params)
+  return jax.tree.unflatten(jax.tree.structure(target), leaves)
+
+
+def train(cfg, workdir: str) -> dict[str, Any]:
+  """Runs (or resumes) the configured stages; returns the summary."""
+  t_start = time.perf_counter()
+  run = build(cfg)
+  stages = [cfg[name] for name in cfg.stages]
+  total = sum(_stage_steps(s) for s in stages)
+  root_key = jax.random.key(cfg.seed)
+  params = model_lib.init_params(run.model_config, jax.random.fold_in(root_key, 0))
+  ckpt = checkpoint_lib.Checkpointer(workdir, keep=cfg.checkpoint.keep)
+  progress = Progress()
+  history = signal.init_history(cfg.tasks.train_size)
+  summary: dict[str, Any] = {}
+  restored = None
+  if ckpt.latest_step() is not None:
+    restored, meta = ckpt.restore(ckpt.latest_step())
+    progress = Progress(**meta["progress"])
+    summary = dict(meta["summary"])
+    params = restored["params"]
+    history = signal.PromptHistory(**restored["history"])
+    print(f"resuming {workdir} at step {progress.global_step}")
+  writer = metrics_lib.MetricsWriter(workdir, total, start_step=progress.global_step)
+
+  def save(state: learner.TrainState, actors):
+    tree = {"params": state.params, "opt_state": state.opt_state, "step": state.step,
+            "actors": [a[0] for a in actors], "actor_versions": [a[1] for a in actors],
+            "history": dataclasses.asdict(history)}
+    ckpt.save(progress.global_step, tree,
+              {"progress": dataclasses.asdict(progress), "summary": summary})
+
+  def log(record, t0):
+    record.update({"perf/step_s": time.perf_counter() - t0, "stage": progress.stage_index})
+    writer.write(progress.global_step, record)
+    progress.stage_step += 1
+    progress.global_step += 1
+
+  while progress.stage_index < len(stages):
+    stage, name = stages[progress.stage_index], cfg.stages[progress.stage_index]
+    n_steps = _stage_steps(stage)
+    optimizer = _stage_optimizer(stage, n_steps)
+    state = learner.init_train_state(params, optimizer)
+    actors: collections.deque = collections.deque()
+    if restored is not None and progress.stage_step:
+      state = learner.TrainState(
+          params, _restore_opt_state(optimizer, params, jax.tree.leaves(restored["opt_state"])),
+          jnp.asarray(restored["step"], jnp.int32))
+      actors.extend(zip(restored["actors"], restored["actor_versions"]))
+    restored = None
+    stage_key = jax.random.fold_in(root_key, 1 + progress.stage_index)
+    record: dict[str, float] = {}
+
+    if stage.kind == "sft":
+      data = demonstrations(run, stage, stage_key)
+      n_rows = data["tokens_BxT"].shape[0]
+      step_fn = jax.jit(learner.make_train_step(
+          learner.sft_loss(run.model_config, logprob_impl=cfg.model.logprob_impl),
+          optimizer, micro_batches=cfg.micro_batches), donate_argnums=0)
+      while progress.stage_step < n_steps:
+        t0 = time.perf_counter()
+        rows = np.random.default_rng([cfg.seed, progress.global_step]).choice(
+            n_rows, stage.batch_size, replace=False)
+        state, m = step_fn(state, {k: jnp.asarray(v[rows]) for k, v in data.items()})
+        record = {k: float(v) for k, v in m.items()}
+        if progress.stage_step == n_steps - 1:
+          record.update(evaluate(run, state.params, stage_key))
+          summary[f"{name}_success"] = summary["sft_success"] = record["eval/success"]
+        log(record, t0)
+        if progress.stage_step % cfg.checkpoint.every == 0 and progress.stage_step < n_steps:
+          save(state, actors)
+    else:
+      rl = make_rl_stage(run, stage, optimizer)
+
+      def draw_prompts(num, key):
+        del key
+        ids = (progress.data_pos + np.arange(num)) % cfg.tasks.train_size
+        progress.data_pos += num
+        return ids
+
+      while progress.stage_step < n_steps:
+        t0 = time.perf_counter()
+        it_key = jax.random.fold_in(stage_key, progress.stage_step)
+        # Off-policy mode: the actor runs parameters up to max_staleness updates old.
+        actors.append((jax.tree.map(jnp.copy, state.params), int(state.step)))
+        while len(actors) > stage.max_staleness + 1:
+          actors.popleft()
+        state, history, record = rl_iteration(run, rl, stage, state, *actors[0],
+                                              draw_prompts, history, it_key)
+        if (progress.stage_step + 1) % cfg.eval.every == 0 or progress.stage_step == n_steps - 1:
+          record.update(evaluate(run, state.params, it_key))
+        if progress.stage_step == n_steps - 1:
+          summary[f"{name}_success"] = summary["rl_success"] = record["eval/success"]
+        record.update(invariants.alarm_metrics(invariants.check_alarms(
+            record, dict(rl.signal_cfg.bands + rl.shift_cfg.bands))))
+        log(record, t0)
+        if progress.stage_step % cfg.checkpoint.every == 0 and progress.stage_step < n_steps:
+          save(state, actors)
+    params = state.params
+    print(f"[{name}] held-out success: {summary[f'{name}_success']:.3f}")
+    progress.stage_index += 1
+    progress.stage_step = 0
+    save(learner.TrainState(params, {}, jnp.zeros((), jnp.int32)), ())
+
+  ckpt.close()
+  writer.close()
+  summary.update(steps=progress.global_step, wall_s=time.perf_counter() - t_start)
+  metrics_lib.write_summary(workdir, summary)
+  return summary

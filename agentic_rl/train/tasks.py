@@ -1,0 +1,58 @@
+"""Task instances by split and index, rendered to prompt ids.
+
+Instances come from the environment's seeded generator: split ``s`` index ``i``
+is ``env.generate(fold_in(fold_in(key(seed), SPLIT_SALT[s]), i), difficulty)``.
+The salts keep the train, validation and test streams disjoint for a seed
+(the task datasets in ``agentic_rl.envs`` write the same instances to
+array_record files for random access from other tools).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentic_rl.envs import prompts as prompts_lib
+from agentic_rl.text import codec as codec_lib
+
+SPLIT_SALT = {"train": 0x7A11, "validation": 0x5A1D, "test": 0x7E57}
+
+
+class Tasks:
+  """Instances of one environment (or mixture) at one difficulty."""
+
+  def __init__(self, env, *, seed: int, difficulty: int, prompt_len: int):
+    self.env = env
+    self.seed = seed
+    self.difficulty = difficulty
+    self.prompt_len = prompt_len
+    self._generate = jax.jit(jax.vmap(lambda k: env.generate(k, difficulty)))
+
+  def keys(self, split: str, ids: np.ndarray) -> jax.Array:
+    if split not in SPLIT_SALT:
+      raise ValueError(f"unknown split {split!r}; expected one of {sorted(SPLIT_SALT)}")
+    base = jax.random.fold_in(jax.random.key(self.seed), SPLIT_SALT[split])
+    return jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.asarray(ids, jnp.uint32))
+
+  def instances(self, split: str, ids: np.ndarray):
+    """Instance pytree with leading axis ``len(ids)``."""
+    return self._generate(self.keys(split, ids))
+
+  def prompts(self, instances) -> tuple[np.ndarray, np.ndarray]:
+    """``(prompts_NxL, prompt_len_N)``: the codec's prompt ids, right-padded."""
+    instances = jax.tree.map(np.asarray, instances)
+    n = jax.tree.leaves(instances)[0].shape[0]
+    codec = self.env.codec
+    rows = [codec.encode_prompt(prompts_lib.prompt_messages(
+        self.env, jax.tree.map(lambda x, i=i: x[i], instances))) for i in range(n)]
+    return (codec_lib.pad_batch(rows, self.prompt_len, codec.ids.pad),
+            np.array([len(r) for r in rows], np.int32))
+
+  @functools.lru_cache(maxsize=8)
+  def fixed_set(self, split: str, n: int):
+    """The first ``n`` instances of a split with their prompts (for evaluation)."""
+    inst = self.instances(split, np.arange(n))
+    return (inst,) + self.prompts(inst)

@@ -1,0 +1,109 @@
+r"""The default experiment: staged SFT then RL on a mix of multi-turn tool tasks.
+
+  python -m experiments.train                                  # this config
+  python -m experiments.train --config=experiments/configs/default.py:tiny
+  python -m experiments.train --config.rl.loss=cispo --config.rl.group_size=8
+
+Stages run in the order of ``stages``; each names a section of this config
+whose ``kind`` is ``sft`` or ``rl``. Add an RL stage by copying ``rl`` under a
+new name and listing it.
+
+Variants (the ``:arg`` suffix, comma-separated): ``tiny`` (seconds, for tests),
+``calc`` (calculator chains only), ``offpolicy`` (``max_staleness=2`` with
+truncated importance sampling).
+"""
+
+import ml_collections
+
+
+def _sft_stage() -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(dict(
+      kind="sft",
+      steps=300,
+      batch_size=32,
+      learning_rate=3e-3,
+      warmup_steps=20,
+      weight_decay=0.0,
+      # Demonstrations from the scripted policies: several strategies, and
+      # noise (wrong intermediate steps, early answers) so the warm-started
+      # policy is competent but imperfect.
+      demo_noise=0.35,
+      num_demos=4096,
+  ))
+
+
+def _rl_stage() -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(dict(
+      kind="rl",
+      iterations=60,
+      prompts_per_step=16,
+      group_size=8,
+      advantage="grpo",
+      advantage_kwargs=ml_collections.ConfigDict(dict(ddof=0)),
+      loss="ppo",
+      loss_kwargs=ml_collections.ConfigDict(dict(eps_low=0.2, eps_high=0.28)),
+      agg="token_mean",
+      correction="none",  # behaviour/learner: none, tis, mis, opsm
+      correction_kwargs=ml_collections.ConfigDict(),
+      entropy_coef=0.0,
+      kl_coef=0.0,
+      learning_rate=1e-3,
+      warmup_steps=0,
+      weight_decay=0.0,
+      updates_per_batch=1,  # optimiser steps per rollout batch
+      optimizer="adamw",  # adamw, or mirror_descent (reset state each iteration)
+      max_staleness=0,  # 0 = synchronous on-policy
+      temperature=1.0,
+      top_k=0,
+      top_p=1.0,
+      difficulty=-1,  # -1: the task section's difficulty
+  ))
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+  variants = {a for a in arg.split(",") if a}
+  unknown = variants - {"tiny", "calc", "offpolicy"}
+  if unknown:
+    raise ValueError(f"unknown config variant(s) {sorted(unknown)}; "
+                     "valid: tiny, calc, offpolicy")
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.model = ml_collections.ConfigDict(dict(
+      d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32,
+      mlp_dim=384, rope_theta=10_000.0, tie_embeddings=True,
+      dtype="float32", param_dtype="float32", attn_impl="xla",
+      logprob_impl="xla", remat=False))
+  c.tasks = ml_collections.ConfigDict(dict(
+      families=("calc_chain", "multihop"),
+      weights=(0.5, 0.5),
+      difficulty=1,
+      rewards=ml_collections.ConfigDict(dict(outcome=1.0, format=0.1, efficiency=0.1)),
+      train_size=20_000,
+      test_size=256,
+  ))
+  c.sampling = ml_collections.ConfigDict(dict(
+      max_turns=6, max_new_tokens_per_turn=24, max_total_tokens=192))
+  c.eval = ml_collections.ConfigDict(dict(every=20, num_prompts=256, pass_k=4))
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  c.micro_batches = 1
+  c.checkpoint = ml_collections.ConfigDict(dict(every=20, keep=2))
+  c.stages = ("sft", "rl")
+  c.sft = _sft_stage()
+  c.rl = _rl_stage()
+  c.distributed = ml_collections.ConfigDict(dict(
+      coordinator_address="", num_processes=1, process_id=0))
+
+  if "calc" in variants:
+    c.tasks.families, c.tasks.weights = ("calc_chain",), (1.0,)
+  if "offpolicy" in variants:
+    c.rl.max_staleness = 2
+    c.rl.correction = "tis"
+  if "tiny" in variants:
+    c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                   head_dim=16, mlp_dim=64)
+    c.sft.update(steps=4, batch_size=8, num_demos=64)
+    c.rl.update(iterations=3, prompts_per_step=4, group_size=2)
+    c.tasks.update(train_size=256, test_size=16)
+    c.eval.update(every=2, num_prompts=8, pass_k=2)
+    c.checkpoint.every = 2
+  return c

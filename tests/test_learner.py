@@ -1,0 +1,99 @@
+"""The learner step: micro-batch invariance, non-finite skipping, scoring path."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from agentic_rl import kernels
+from agentic_rl import model as model_lib
+from agentic_rl import objectives
+from agentic_rl.model.scoring import sequence_logprobs
+from agentic_rl.train import learner
+
+CFG = model_lib.TransformerConfig.tiny(vocab_size=64)
+
+
+def _batch(key, B=8, T=12):
+  k1, k2, k3, k4 = jax.random.split(key, 4)
+  tokens = jax.random.randint(k1, (B, T), 0, CFG.vocab_size)
+  mask = (jax.random.uniform(k2, (B, T)) < 0.6).astype(jnp.float32).at[:, 0].set(0.0)
+  return {"tokens_BxT": tokens, "loss_mask_BxT": mask,
+          "advantages_B": jax.random.normal(k3, (B,)),
+          "old_logp_BxT": -jax.random.uniform(k4, (B, T)),
+          "behaviour_logp_BxT": -jax.random.uniform(k4, (B, T))}
+
+
+@pytest.mark.parametrize("impl", ["xla", "xla_chunked"])
+def test_sequence_logprobs_match_log_softmax(impl):
+  params = model_lib.init_params(CFG, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (3, 9), 0, CFG.vocab_size)
+  logp, ent = sequence_logprobs(params, tokens, CFG, temperature=0.7, impl=impl)
+  chex.assert_shape([logp, ent], (3, 9))
+  full = jax.nn.log_softmax(model_lib.forward(params, tokens, CFG) / 0.7, axis=-1)
+  want = jnp.take_along_axis(full[:, :-1], tokens[:, 1:, None], axis=-1)[..., 0]
+  np.testing.assert_allclose(logp[:, 1:], want, atol=1e-5)
+  np.testing.assert_allclose(ent[:, 1:], -(jnp.exp(full) * full).sum(-1)[:, :-1], atol=1e-5)
+  assert (logp[:, 0] == 0).all() and (ent[:, 0] == 0).all()
+
+
+@pytest.mark.parametrize("agg", objectives.AGG_MODES)
+def test_micro_batches_give_the_full_batch_update(agg):
+  params = model_lib.init_params(CFG, jax.random.key(0))
+  opt = optax.sgd(1.0)
+  obj = objectives.ObjectiveConfig(loss="ppo", agg=agg, horizon=12 if "norm" in agg else None)
+  loss = learner.rl_loss(CFG, obj)
+  batch = _batch(jax.random.key(2))
+  states = []
+  for m in (1, 4):
+    step = jax.jit(learner.make_train_step(loss, opt, micro_batches=m))
+    st, metrics = step(learner.init_train_state(params, opt), batch)
+    states.append((st, metrics))
+  (a, ma), (b, mb) = states
+  np.testing.assert_allclose(ma["loss"], mb["loss"], rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(ma["signal/grad_norm"], mb["signal/grad_norm"], rtol=1e-5)
+  for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+  # The update moved the parameters.
+  assert not np.allclose(jax.tree.leaves(a.params)[0], jax.tree.leaves(params)[0])
+
+
+def test_sft_loss_is_masked_nll():
+  params = model_lib.init_params(CFG, jax.random.key(0))
+  batch = _batch(jax.random.key(3))
+  loss_fn = learner.sft_loss(CFG)
+  norm = objectives.batch_normalisers(batch["loss_mask_BxT"])
+  loss, _ = loss_fn(params, batch, norm)
+  logp, _ = sequence_logprobs(params, batch["tokens_BxT"], CFG)
+  m = batch["loss_mask_BxT"]
+  np.testing.assert_allclose(loss, -(logp * m).sum() / m.sum(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("use_jit", [False, True])
+def test_non_finite_loss_skips_the_update(use_jit):
+  params = model_lib.init_params(CFG, jax.random.key(0))
+  opt = optax.adam(1e-2)
+  batch = _batch(jax.random.key(4))
+  batch["advantages_B"] = batch["advantages_B"].at[0].set(jnp.nan)
+  step = learner.make_train_step(learner.rl_loss(CFG, objectives.ObjectiveConfig(loss="reinforce")), opt)
+  step = jax.jit(step) if use_jit else step
+  state = learner.init_train_state(params, opt)
+  new, metrics = step(state, batch)
+  assert float(metrics["train/skipped"]) == 1.0
+  assert int(new.step) == 0
+  chex.assert_trees_all_equal(new.params, params)
+  chex.assert_trees_all_equal(new.opt_state, state.opt_state)
+  # A finite batch afterwards trains normally.
+  batch["advantages_B"] = jnp.ones_like(batch["advantages_B"])
+  new, metrics = step(new, batch)
+  assert float(metrics["train/skipped"]) == 0.0 and int(new.step) == 1
+
+
+def test_bad_micro_batch_split():
+  opt = optax.sgd(0.1)
+  step = learner.make_train_step(learner.sft_loss(CFG), opt, micro_batches=3)
+  params = model_lib.init_params(CFG, jax.random.key(0))
+  with pytest.raises(ValueError, match="micro-batches"):
+    step(learner.init_train_state(params, opt), _batch(jax.random.key(5), B=8))
