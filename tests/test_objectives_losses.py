@@ -234,6 +234,23 @@ def test_kl_penalty_and_entropy_bonus_in_the_loss():
   np.testing.assert_allclose(metrics["pg_loss"], -0.94, rtol=1e-6)
 
 
+def test_token_weights_scale_each_tokens_contribution():
+  ref, entropy = LOGP - 0.5, jnp.ones((2, 3))
+  weights = jnp.array([[0.5, 1.0, 7.0], [0.0, 1.0, 2.0]])   # padding weight is ignored
+
+  def loss(lp, ent):
+    return get_policy_loss("reinforce")(lp, OLD, ADV, MASK, ref_logp_BxT=ref, entropy_BxT=ent,
+                                        kl_coef=0.2, kl_estimator="k1", entropy_coef=0.01,
+                                        token_weights_BxT=weights)[0]
+  value, (g_logp, g_ent) = jax.value_and_grad(loss, argnums=(0, 1))(LOGP, entropy)
+  u = np.asarray(weights) * np.asarray(MASK)
+  # Per token: -A logp + 0.2 * 0.5 - 0.01 * 1, weighted by u, over N = 5 tokens.
+  per_token = -np.array([[1.0], [-2.0]]) * np.asarray(LOGP) + 0.2 * 0.5 - 0.01
+  np.testing.assert_allclose(value, (u * per_token).sum() / 5, rtol=1e-6)
+  np.testing.assert_allclose(g_logp, u * (np.array([[-1.0], [2.0]]) + 0.2) / 5, rtol=1e-6)
+  np.testing.assert_allclose(g_ent, -0.01 * u / 5, rtol=1e-6)
+
+
 def test_ratio_and_kl_metrics():
   _, _, metrics = _value_and_grad("ppo")
   r = R[np.asarray(MASK) == 1]

@@ -332,6 +332,7 @@ def policy_loss(
     behaviour_logp_BxT: jax.Array | None = None,
     ref_logp_BxT: jax.Array | None = None,
     entropy_BxT: jax.Array | None = None,
+    token_weights_BxT: jax.Array | None = None,
     correction: str | Sequence[str] | None = None,
     correction_kwargs: Mapping[str, Mapping[str, object]] | None = None,
     entropy_coef: float = 0.0,
@@ -341,14 +342,17 @@ def policy_loss(
 ) -> tuple[jax.Array, Metrics]:
   """The loss named ``name`` with its correction, entropy bonus and KL penalty.
 
-  ``loss = agg(w * l) - entropy_coef * agg(H) + kl_coef * agg(KL_ref)``, where
+  ``loss = agg(u w l) - entropy_coef * agg(u H) + kl_coef * agg(u KL_ref)``, where
   ``l`` is the base loss's per-token term (hyper-parameters in
   ``loss_kwargs``), ``w`` the product of the weights of the named
   ``correction`` (one name or several; each one's hyper-parameters in
   ``correction_kwargs[name]``; needs ``behaviour_logp_BxT``), ``H`` the
   per-token entropy ``entropy_BxT`` (differentiable; needed when
   ``entropy_coef != 0``), and ``KL_ref`` :func:`kl_penalty` to
-  ``ref_logp_BxT`` (needed when ``kl_coef != 0``). ``agg``, ``num_tokens``,
+  ``ref_logp_BxT`` (needed when ``kl_coef != 0``). ``u`` is the optional
+  per-token loss weight ``token_weights_BxT`` (stop-gradient; 1 by default),
+  e.g. the staleness down-weighting of ``agentic_rl.invariants.shift``; it
+  does not change the normalisers. ``agg``, ``num_tokens``,
   ``num_seqs`` and ``horizon`` go to :func:`.aggregation.aggregate`; pass the
   whole batch's counts when calling on a micro-batch.
 
@@ -387,7 +391,7 @@ def policy_loss(
     raise ValueError(f"logp must have shape [B, T], got {shape}")
   for arg, x in (("old_logp", old_logp_BxT), ("mask", mask_BxT),
                  ("behaviour_logp", behaviour_logp_BxT), ("ref_logp", ref_logp_BxT),
-                 ("entropy", entropy_BxT)):
+                 ("entropy", entropy_BxT), ("token_weights", token_weights_BxT)):
     _check_token_array(arg, x, shape)
   if jnp.shape(advantages) not in (shape[:1], shape):
     raise ValueError(f"advantages must have shape [B] = {shape[:1]} or [B, T] = {shape}, got "
@@ -424,8 +428,12 @@ def policy_loss(
       weight = weight * w
       metrics.update({f"{c}/{k}": v for k, v in c_metrics.items()})
 
-  reduce = functools.partial(aggregate, mask_BxT=valid, mode=agg, num_tokens=num_tokens,
-                             num_seqs=num_seqs, horizon=horizon)
+  token_weights = 1.0 if token_weights_BxT is None else clean(token_weights_BxT)
+
+  def reduce(values_BxT):
+    return aggregate(values_BxT * token_weights, valid, agg, num_tokens=num_tokens,
+                     num_seqs=num_seqs, horizon=horizon)
+
   pg_loss = reduce(per_token * weight)
   loss = pg_loss
   log_ratio = jax.lax.stop_gradient(logp - old_logp)
