@@ -7,13 +7,13 @@ kernels interpreted on CPU; no Mosaic TPU kernels, so TPU raises), ``"xla"``
 :func:`token_logprobs`.
 """
 
-from agentic_rl.kernels.decode_attention import DecodeBlockSizes
-from agentic_rl.kernels.decode_attention import decode_attention
-from agentic_rl.kernels.flash_attention import AttentionBlockSizes
-from agentic_rl.kernels.flash_attention import flash_attention
+from agentic_rl.kernels.decode import DecodeBlockSizes
+from agentic_rl.kernels.decode import decode_attention
+from agentic_rl.kernels.flash import AttentionBlockSizes
+from agentic_rl.kernels.flash import flash_attention
+from agentic_rl.kernels.logprobs import LogprobBlockSizes
+from agentic_rl.kernels.logprobs import token_logprobs
 from agentic_rl.kernels.reference import NO_WINDOW
-from agentic_rl.kernels.token_logprobs import LogprobBlockSizes
-from agentic_rl.kernels.token_logprobs import token_logprobs
 
 __all__ = [
     "AttentionBlockSizes",

@@ -3,7 +3,8 @@
 Math (per row ``n``; ``x = h W`` with fp32 accumulation): soft-cap ``y = c *
 tanh(x / c)`` (if set), temperature ``z = y / T``, then
 
-    lse = logsumexp(z),  logp = z[target] - lse,  H = lse - E_p[z],  p = softmax(z)
+    lse = logsumexp(z),  logp = z[target] - lse,  H = lse - E_p[z],
+    p = softmax(z)
 
 Vocabulary tiles are streamed with an online log-sum-exp that also carries
 ``s1 = sum_v exp(z_v - m) (z_v - m)`` relative to the running max ``m``, so the
@@ -55,6 +56,8 @@ from agentic_rl.kernels import _common
 from agentic_rl.kernels import reference
 
 _MASKED = -0.7 * float(np.finfo(np.float32).max)
+# A squeezed block dimension: the kernel's ref does not have it.
+_SQ = pl.squeezed
 
 IMPLS = ("xla", "xla_chunked", "pallas")
 
@@ -235,7 +238,7 @@ def _fwd_kernel(h_ref, w_ref, t_ref, m_ref, l_ref, s1_ref, zt_ref, *,
 def _pallas_stats(cfg: _Config, h, w, targets) -> _Stats:
   n_splits = cfg.num_chunks
   row = pl.BlockSpec((cfg.bn,), lambda i, s: (i,))
-  part = pl.BlockSpec((None, cfg.bn), lambda i, s: (s, i))
+  part = pl.BlockSpec((_SQ, cfg.bn), lambda i, s: (s, i))
   shape = jax.ShapeDtypeStruct((n_splits, cfg.Np), jnp.float32)
   parts = pl.pallas_call(
       functools.partial(_fwd_kernel, cfg=cfg),

@@ -34,6 +34,8 @@ from agentic_rl.kernels import _common
 from agentic_rl.kernels import reference
 
 _MASKED = -0.7 * float(np.finfo(np.float32).max)
+# A squeezed block dimension: the kernel's ref does not have it.
+_SQ = pl.squeezed
 
 # Programs to aim for when choosing the number of splits (about 2 waves on a
 # 132-SM H100/H200).
@@ -139,19 +141,19 @@ def _kernel(*refs, cfg: _Config):
 def _pallas(cfg: _Config, q_BxKxGxD, k, v, lengths, window):
   B, K = q_BxKxGxD.shape[:2]
   NS, Gp, Dp, S = cfg.num_splits, cfg.Gp, cfg.Dp, cfg.S
-  kv = pl.BlockSpec((None, S, None, Dp), lambda b, h, s: (b, 0, h, 0))
-  in_specs = [pl.BlockSpec((None, None, Gp, Dp), lambda b, h, s: (b, h, 0, 0)),
-              kv, kv, pl.BlockSpec((None,), lambda b, h, s: (b,))]
+  kv = pl.BlockSpec((_SQ, S, _SQ, Dp), lambda b, h, s: (b, 0, h, 0))
+  in_specs = [pl.BlockSpec((_SQ, _SQ, Gp, Dp), lambda b, h, s: (b, h, 0, 0)),
+              kv, kv, pl.BlockSpec((_SQ,), lambda b, h, s: (b,))]
   args = [q_BxKxGxD, k, v, lengths]
   if cfg.has_window:
     in_specs.append(pl.BlockSpec((), lambda *_: ()))
     args.append(window)
-  stat = pl.BlockSpec((None, None, None, Gp), lambda b, h, s: (b, h, s, 0))
+  stat = pl.BlockSpec((_SQ, _SQ, _SQ, Gp), lambda b, h, s: (b, h, s, 0))
   return pl.pallas_call(
       functools.partial(_kernel, cfg=cfg),
       grid=(B, K, NS),
       in_specs=in_specs,
-      out_specs=[pl.BlockSpec((None, None, None, Gp, Dp),
+      out_specs=[pl.BlockSpec((_SQ, _SQ, _SQ, Gp, Dp),
                               lambda b, h, s: (b, h, s, 0, 0)), stat, stat],
       out_shape=[jax.ShapeDtypeStruct((B, K, NS, Gp, Dp), jnp.float32),
                  jax.ShapeDtypeStruct((B, K, NS, Gp), jnp.float32),

@@ -6,7 +6,7 @@ queries the kernel streams key/value blocks, keeping the running row max
 fp32 (the "online softmax"); it stores ``lse = m + log l`` for the backward
 pass, which recomputes ``P = exp(S - lse)`` block by block:
 
-    dV = P^T dO,   dP = dO V^T,   dS = P * (dP - delta),   delta = rowsum(O * dO)
+    dV = P^T dO,  dP = dO V^T,  dS = P * (dP - delta),  delta = rowsum(O * dO)
     dQ = scale * dS K,   dK = scale * dS^T Q
 
 (with a soft-cap ``S = c * tanh(S_raw / c)`` the chain rule adds a factor
@@ -40,6 +40,8 @@ from agentic_rl.kernels import reference
 
 # Finite "minus infinity" for masked logits: keeps every exp() argument finite.
 _MASKED = -0.7 * float(np.finfo(np.float32).max)
+# A squeezed block dimension: the kernel's ref does not have it.
+_SQ = pl.squeezed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,8 +222,8 @@ def _full_query_blocks(cfg: _Config, k_start, bk, bq, window):
   if cfg.causal:  # first query >= last key
     full_lo = lax.div(k_start + bk - 1 + bq - 1, bq)
   if window is not None:  # last query - first key < window
-    full_hi = jnp.minimum(
-        full_hi, lax.div(jnp.maximum(window + k_start + 1 - bq, 0) + bq - 1, bq))
+    last = jnp.maximum(window + k_start + 1 - bq, 0)
+    full_hi = jnp.minimum(full_hi, lax.div(last + bq - 1, bq))
   return full_lo, full_hi
 
 
@@ -405,21 +407,21 @@ def _forward(cfg: _Config, q, k, v, q_seg, k_seg, window):
   B, _, H, _ = q.shape
   G, bq, Dp, Sp = cfg.groups, cfg.bq, cfg.Dp, cfg.Sp
   specs = [
-      pl.BlockSpec((None, bq, None, Dp), lambda i, b, h: (b, i, h, 0)),
-      pl.BlockSpec((None, Sp, None, Dp), lambda i, b, h: (b, 0, h // G, 0)),
-      pl.BlockSpec((None, Sp, None, Dp), lambda i, b, h: (b, 0, h // G, 0)),
+      pl.BlockSpec((_SQ, bq, _SQ, Dp), lambda i, b, h: (b, i, h, 0)),
+      pl.BlockSpec((_SQ, Sp, _SQ, Dp), lambda i, b, h: (b, 0, h // G, 0)),
+      pl.BlockSpec((_SQ, Sp, _SQ, Dp), lambda i, b, h: (b, 0, h // G, 0)),
   ]
   extra_specs, extra = _extra_operands(
       cfg, q_seg, k_seg, window,
-      ((None, bq), lambda i, b, h: (b, i)),
-      ((None, Sp), lambda i, b, h: (b, 0)))
+      ((_SQ, bq), lambda i, b, h: (b, i)),
+      ((_SQ, Sp), lambda i, b, h: (b, 0)))
   return pl.pallas_call(
       functools.partial(_fwd_kernel, cfg=cfg),
       grid=(cfg.Tp // bq, B, H),
       in_specs=specs + extra_specs,
       out_specs=[
-          pl.BlockSpec((None, bq, None, Dp), lambda i, b, h: (b, i, h, 0)),
-          pl.BlockSpec((None, None, bq), lambda i, b, h: (b, h, i)),
+          pl.BlockSpec((_SQ, bq, _SQ, Dp), lambda i, b, h: (b, i, h, 0)),
+          pl.BlockSpec((_SQ, _SQ, bq), lambda i, b, h: (b, h, i)),
       ],
       out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                  jax.ShapeDtypeStruct((B, H, cfg.Tp), jnp.float32)],
@@ -438,13 +440,13 @@ def _backward(cfg: _Config, q, k, v, do, lse, delta, q_seg, k_seg, window):
                                 num_stages=cfg.num_stages)
 
   bq, bk = cfg.bq_dq, cfg.bk_dq
-  q_tile = pl.BlockSpec((None, bq, None, Dp), lambda i, b, h: (b, i, h, 0))
-  kv_all = pl.BlockSpec((None, Sp, None, Dp), lambda i, b, h: (b, 0, h // G, 0))
-  row = pl.BlockSpec((None, None, bq), lambda i, b, h: (b, h, i))
+  q_tile = pl.BlockSpec((_SQ, bq, _SQ, Dp), lambda i, b, h: (b, i, h, 0))
+  kv_all = pl.BlockSpec((_SQ, Sp, _SQ, Dp), lambda i, b, h: (b, 0, h // G, 0))
+  row = pl.BlockSpec((_SQ, _SQ, bq), lambda i, b, h: (b, h, i))
   extra_specs, extra = _extra_operands(
       cfg, q_seg, k_seg, window,
-      ((None, bq), lambda i, b, h: (b, i)),
-      ((None, Sp), lambda i, b, h: (b, 0)))
+      ((_SQ, bq), lambda i, b, h: (b, i)),
+      ((_SQ, Sp), lambda i, b, h: (b, 0)))
   dq = pl.pallas_call(
       functools.partial(_dq_kernel, cfg=cfg),
       grid=(Tp // bq, B, H),
@@ -456,13 +458,13 @@ def _backward(cfg: _Config, q, k, v, do, lse, delta, q_seg, k_seg, window):
   )(q, k, v, do, lse, delta, *extra)
 
   bq, bk = cfg.bq_dkv, cfg.bk_dkv
-  q_all = pl.BlockSpec((None, Tp, G, Dp), lambda j, b, kh: (b, 0, kh, 0))
-  kv_tile = pl.BlockSpec((None, bk, None, Dp), lambda j, b, kh: (b, j, kh, 0))
-  rows = pl.BlockSpec((None, G, Tp), lambda j, b, kh: (b, kh, 0))
+  q_all = pl.BlockSpec((_SQ, Tp, G, Dp), lambda j, b, kh: (b, 0, kh, 0))
+  kv_tile = pl.BlockSpec((_SQ, bk, _SQ, Dp), lambda j, b, kh: (b, j, kh, 0))
+  rows = pl.BlockSpec((_SQ, G, Tp), lambda j, b, kh: (b, kh, 0))
   extra_specs, extra = _extra_operands(
       cfg, q_seg, k_seg, window,
-      ((None, Tp), lambda j, b, kh: (b, 0)),
-      ((None, bk), lambda j, b, kh: (b, j)))
+      ((_SQ, Tp), lambda j, b, kh: (b, 0)),
+      ((_SQ, bk), lambda j, b, kh: (b, j)))
   dk, dv = pl.pallas_call(
       functools.partial(_dkdv_kernel, cfg=cfg),
       grid=(Sp // bk, B, K),
