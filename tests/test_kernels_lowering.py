@@ -27,7 +27,8 @@ def compiled_pallas(monkeypatch):
 
 
 def _triton_calls(fn, *args):
-  checks = [jax.export.DisabledSafetyCheck.custom_call(c) for c in _TRITON_CALLS]
+  checks = [jax.export.DisabledSafetyCheck.custom_call(c)
+            for c in _TRITON_CALLS]
   try:
     exported = jax.export.export(jax.jit(fn), platforms=["cuda"],
                                  disabled_checks=checks)(*args)
