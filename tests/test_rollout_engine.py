@@ -1,0 +1,190 @@
+"""The jitted multi-turn engine on a real in-jit environment (calc chains)."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agentic_rl import envs
+from agentic_rl import model as model_lib
+from agentic_rl import rollout
+from agentic_rl.envs import prompts as prompts_lib
+from agentic_rl.envs import scripted
+from agentic_rl.envs.calc_chain import CalcLevel
+from agentic_rl.text import default_codec, pad_batch
+
+P, G = 2, 2
+SAMPLING = rollout.SamplingConfig(max_new_tokens_per_turn=32, max_turns=8,
+                                  max_total_tokens=128)
+
+
+def _row(tree, i):
+  return jax.tree.map(lambda x: x[i], tree)
+
+
+@pytest.fixture(scope="module")
+def setup():
+  codec = default_codec()
+  # Three-operation chains: the stepwise script makes three calls, then answers.
+  env = envs.make_env("calc_chain", codec, max_action_len=32,
+                      levels=(CalcLevel(3, 2, 1),))
+  config = model_lib.TransformerConfig.tiny(vocab_size=codec.tokenizer.vocab_size)
+  params = model_lib.init_params(config, jax.random.key(0))
+  instances = jax.jit(jax.vmap(lambda k: env.generate(k, 0)))(
+      jax.random.split(jax.random.key(1), P))
+  traj = scripted.batch_rollouts(env, instances, jax.random.split(jax.random.key(2), P))
+  prompts = [codec.encode_prompt(prompts_lib.prompt_messages(env, _row(instances, i)))
+             for i in range(P)]
+  t = jax.tree.map(np.asarray, traj)
+  actions = [[t.actions[i, s, :t.action_lens[i, s]] for s in np.flatnonzero(t.live[i])]
+             for i in range(P)]
+  engine = rollout.RolloutEngine(config, SAMPLING, codec.ids, env=env,
+                                 batch_size=P * G, group_size=G)
+  return dict(codec=codec, env=env, config=config, params=params,
+              instances=instances, traj=traj, actions=actions, engine=engine,
+              prompts=pad_batch(prompts, max(map(len, prompts))),
+              prompt_len=np.array([len(p) for p in prompts], np.int32))
+
+
+def _script(actions, n_actions=None):
+  rows = [np.concatenate(a[:n_actions]) for a in actions]
+  return pad_batch(rows, max(map(len, rows))), np.array([len(r) for r in rows])
+
+
+@pytest.fixture(scope="module")
+def scripted_out(setup):
+  s = setup
+  script, script_len = _script(s["actions"])
+  return s["engine"].rollout(s["params"], s["prompts"], s["prompt_len"],
+                             s["instances"], jax.random.key(5), 3,
+                             script_PxS=script, script_len_P=script_len)
+
+
+def test_scripted_policy_reaches_the_reference_rewards(setup, scripted_out):
+  s, out = setup, scripted_out
+  B, T = P * G, SAMPLING.max_total_tokens
+  chex.assert_shape(out.tokens_BxT, (B, T))
+  chex.assert_type([out.tokens_BxT, out.turn_BxT, out.version_BxT], jnp.int32)
+  chex.assert_type([out.loss_mask_BxT, out.behaviour_logp_BxT, out.reward_B],
+                   jnp.float32)
+  ref = jax.tree.map(np.asarray, scripted.episode_returns(s["traj"]))
+  group = lambda x: np.asarray(rollout.to_groups(x, G))
+  for g in range(G):
+    np.testing.assert_allclose(group(out.reward_B)[:, g], ref["reward"], rtol=1e-6)
+    for k, v in out.reward_components.items():
+      np.testing.assert_allclose(group(v)[:, g], ref[k], rtol=1e-6, atol=1e-7)
+  assert bool(np.all(out.done_B)) and not bool(np.any(out.truncated_B))
+  assert bool(np.all(out.finished_B))
+  t = jax.tree.map(np.asarray, s["traj"])
+  for i in range(P):
+    live = np.flatnonzero(t.live[i])
+    # The engine builds exactly the token stream the environment defines.
+    ids = scripted.trajectory_ids(s["env"], _row(s["instances"], i), _row(s["traj"], i))
+    for b in (i * G, i * G + 1):
+      n = int(out.length_B[b])
+      np.testing.assert_array_equal(np.asarray(out.tokens_BxT[b, :n]), ids)
+      assert np.all(np.asarray(out.tokens_BxT[b, n:]) == s["codec"].ids.pad)
+      assert int(out.num_turns_B[b]) == len(live) >= 4
+      assert int(out.num_tool_calls_B[b]) == len(live) - 1
+      assert int(out.num_tool_errors_B[b]) == 0
+      hashes = t.outputs.info["call_hash"][i, live]
+      np.testing.assert_array_equal(out.call_hashes_BxC[b, :len(live)], hashes)
+      assert np.all(np.asarray(out.call_hashes_BxC[b, len(live):]) == -1)
+
+
+def test_loss_mask_and_turns_agree_with_the_codec(setup, scripted_out):
+  """Mask 1 exactly on policy tokens over 4 turns with 3 tool results."""
+  codec, out = setup["codec"], scripted_out
+  for b in range(P * G):
+    n = int(out.length_B[b])
+    ids = np.asarray(out.tokens_BxT[b, :n])
+    assert int(np.sum(ids == codec.ids.tool_result_open)) == 3
+    enc = codec.encode(codec.decode(ids))
+    np.testing.assert_array_equal(enc.ids, ids)
+    mask = np.asarray(out.loss_mask_BxT[b])
+    np.testing.assert_array_equal(mask[:n], enc.loss_mask)
+    assert not mask[n:].any()
+    np.testing.assert_array_equal(np.asarray(out.turn_BxT[b, :n]), enc.turn_ids)
+    np.testing.assert_array_equal(np.asarray(out.version_BxT[b]),
+                                  np.where(mask > 0, 3, -1))
+    logp = np.asarray(out.behaviour_logp_BxT[b])
+    assert np.all(logp[mask == 0] == 0) and np.all(logp[mask > 0] < 0)
+
+
+def _tool_calls(codec, *calls):
+  """Scripted tool calls (the same for every prompt), as a script."""
+  ids = codec.tokenizer.encode("".join(f"<tool_call>{c}</tool_call>" for c in calls))
+  return np.tile(np.asarray(ids, np.int32), (P, 1)), np.full((P,), len(ids), np.int32)
+
+
+@jax.jit
+def _learner_and_entropy(params, tokens_BxT):
+  config = model_lib.TransformerConfig.tiny(vocab_size=512)
+  logp = rollout.learner_logprobs(params, tokens_BxT, config, SAMPLING)
+  logits = model_lib.forward(params, tokens_BxT, config)
+  ent = rollout.entropy_of(jax.nn.log_softmax(logits[:, :-1]))
+  return logp, jnp.pad(ent, ((0, 0), (1, 0)))
+
+
+def test_behaviour_logprobs_equal_the_learner_recompute(setup):
+  """Temperature 1, no truncation: two scripted calls, then sampling."""
+  s = setup
+  assert s["config"] == model_lib.TransformerConfig.tiny(vocab_size=512)
+  script, script_len = _tool_calls(s["codec"], "calc 12+3", "calc 4*5")
+  out = s["engine"].rollout(s["params"], s["prompts"], s["prompt_len"],
+                            s["instances"], jax.random.key(7), 0,
+                            script_PxS=script, script_len_P=script_len)
+  learner, ent = _learner_and_entropy(s["params"], out.tokens_BxT)
+  m = rollout.mismatch_metrics(out.behaviour_logp_BxT, learner, out.loss_mask_BxT)
+  assert float(m["logp_abs_diff_max"]) < 1e-5
+  assert float(m["logp_abs_diff_mean"]) < 1e-6
+  assert abs(float(m["k3_kl"])) < 1e-9
+  # Entropies are those of the learner's distributions too.
+  mask = np.asarray(out.loss_mask_BxT) > 0
+  np.testing.assert_allclose(np.asarray(out.entropy_BxT)[mask],
+                             np.asarray(ent)[mask], atol=1e-4)
+  # The two samples of a prompt share it and then differ.
+  tokens = np.asarray(out.tokens_BxT)
+  n = int(s["prompt_len"][0])
+  np.testing.assert_array_equal(tokens[0, :n], tokens[1, :n])
+  assert not np.array_equal(tokens[0], tokens[1])
+  # Sampled tokens follow the scripted calls and their tool results.
+  assert np.all(np.asarray(out.num_turns_B) >= 3)
+  text = s["codec"].tokenizer.decode(tokens[0, :int(out.length_B[0])])
+  assert "<tool_call>calc 12+3</tool_call><tool_result>15</tool_result>" \
+         "<tool_call>calc 4*5</tool_call><tool_result>20</tool_result>" in text
+
+
+def test_mismatch_metrics_hand_computed():
+  b = jnp.array([[0.0, -1.0, -2.0]])
+  l = jnp.array([[5.0, -1.5, -1.0]])
+  mask = jnp.array([[0.0, 1.0, 1.0]])
+  m = rollout.mismatch_metrics(b, l, mask)
+  d = np.array([-0.5, 1.0])
+  np.testing.assert_allclose(m["logp_abs_diff_mean"], 0.75, rtol=1e-6)
+  np.testing.assert_allclose(m["logp_abs_diff_max"], 1.0, rtol=1e-6)
+  np.testing.assert_allclose(m["k3_kl"], np.mean(np.exp(d) - d - 1), rtol=1e-6)
+
+
+def test_input_errors(setup):
+  s, engine = setup, setup["engine"]
+  args = (s["params"], s["prompts"], s["prompt_len"], s["instances"],
+          jax.random.key(0), 0)
+  with pytest.raises(ValueError, match="do not fit in the KV cache"):
+    engine.rollout(s["params"], np.zeros((P, SAMPLING.max_total_tokens), np.int32),
+                   s["prompt_len"], *args[3:])
+  with pytest.raises(ValueError, match="group size 3 does not divide the batch size 4"):
+    rollout.RolloutEngine(s["config"], SAMPLING, s["codec"].ids, env=s["env"],
+                          batch_size=4, group_size=3)
+  with pytest.raises(ValueError, match="got 1 prompts"):
+    engine.rollout(s["params"], s["prompts"][:1], s["prompt_len"][:1], *args[3:])
+  with pytest.raises(ValueError, match="prompt lengths"):
+    engine.rollout(s["params"], s["prompts"], s["prompt_len"] * 0, *args[3:])
+  with pytest.raises(ValueError, match="instances"):
+    engine.rollout(*args[:3], None, *args[4:])
+  with pytest.raises(ValueError, match="max_action_len"):
+    rollout.RolloutEngine(s["config"], SAMPLING.__class__(max_new_tokens_per_turn=64),
+                          s["codec"].ids, env=s["env"], batch_size=4)
+  with pytest.raises(ValueError, match="script_PxS and script_len_P"):
+    engine.rollout(*args, script_PxS=np.zeros((P, 3), np.int32))
