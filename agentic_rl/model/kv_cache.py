@@ -42,8 +42,9 @@ def init_cache(config: TransformerConfig, batch: int, max_len: int) -> KVCache:
   if batch < 1 or max_len < 1:
     raise ValueError(f"batch and max_len must be >= 1, got {batch}, {max_len}")
   shape = (config.n_layers, batch, max_len, config.n_kv_heads, config.head_dim)
-  zeros = jnp.zeros(shape, config.compute_dtype)
-  return KVCache(k=zeros, v=zeros)
+  # Two buffers, not one shared: the cache is donated to jitted steps.
+  return KVCache(k=jnp.zeros(shape, config.compute_dtype),
+                 v=jnp.zeros(shape, config.compute_dtype))
 
 
 def _check_cache(cache: KVCache, config: TransformerConfig, batch: int):

@@ -22,6 +22,8 @@ The building blocks below (``embed_tokens``, ``decoder_layer``,
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any, Callable
 
 import jax
@@ -83,22 +85,33 @@ def init_params(config: TransformerConfig, key: jax.Array) -> Params:
 
   Projections are ``N(0, fan_in ** -0.5)``, the embedding (and untied
   unembedding) ``N(0, d_model ** -0.5)``, biases zero, norm scales one (zero
-  with ``norm_plus_one``, so the scale ``1 + w`` starts at one).
+  with ``norm_plus_one``, so the scale ``1 + w`` starts at one). Runs as one
+  jitted computation (one compile per config, not one per array shape).
   """
   config.validate()
+  return _init_params(config, key)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _init_params(config: TransformerConfig, key: jax.Array) -> Params:
+  # One normal draw for all random leaves, sliced up: XLA:CPU compiles one
+  # random kernel per shape, which takes seconds each.
   dtype = config.params_dtype
   entries, treedef = jax.tree.flatten(_param_table(config), is_leaf=_is_entry)
-  keys = jax.random.split(key, len(entries))
-
-  def make(entry, k):
-    shape, _, init = entry
+  sizes = [math.prod(shape) for shape, _, init in entries
+           if not isinstance(init, str)]
+  z = jax.random.normal(key, (sum(sizes),), jnp.float32)
+  offset, leaves = 0, []
+  for shape, _, init in entries:
     if init == "ones":
-      return jnp.ones(shape, dtype)
-    if init == "zeros":
-      return jnp.zeros(shape, dtype)
-    return (init * jax.random.normal(k, shape, jnp.float32)).astype(dtype)
-
-  return jax.tree.unflatten(treedef, [make(e, k) for e, k in zip(entries, keys)])
+      leaves.append(jnp.ones(shape, dtype))
+    elif init == "zeros":
+      leaves.append(jnp.zeros(shape, dtype))
+    else:
+      size = math.prod(shape)
+      leaves.append((init * z[offset:offset + size].reshape(shape)).astype(dtype))
+      offset += size
+  return jax.tree.unflatten(treedef, leaves)
 
 
 def param_axes(config: TransformerConfig) -> Params:

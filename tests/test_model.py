@@ -1,0 +1,465 @@
+"""Tests for agentic_rl.model: forward, KV-cache decoding, config, params."""
+
+import dataclasses
+import functools
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agentic_rl import model
+from agentic_rl.kernels import reference
+from agentic_rl.model import attention as attention_lib
+from agentic_rl.model import transformer
+
+V = 64
+BASE = dict(vocab_size=V, d_model=32, n_layers=2, n_heads=4, head_dim=8,
+            mlp_dim=48, rope_theta=500.0)
+# Every non-default feature at once (Gemma-like, plus Qwen2 biases).
+FEATURES = dict(mlp_activation="gelu", norm_plus_one=True, qk_norm=True,
+                qkv_bias=True, tie_embeddings=True, embed_scale=True,
+                attn_logit_softcap=5.0, final_logit_softcap=3.0,
+                sliding_windows=(3, None))
+
+CONFIGS = {
+    "mha": model.TransformerConfig(**BASE, n_kv_heads=4),
+    "gqa": model.TransformerConfig(**BASE, n_kv_heads=2),
+    "mqa": model.TransformerConfig(**BASE, n_kv_heads=1),
+    "mha_window": model.TransformerConfig(**BASE, n_kv_heads=4,
+                                          sliding_windows=(3, 3)),
+    "mqa_window": model.TransformerConfig(**BASE, n_kv_heads=1,
+                                          sliding_windows=(None, 4)),
+    # GQA with a local and a global layer, and every other feature.
+    "gqa_window_features": model.TransformerConfig(**BASE, n_kv_heads=2,
+                                                   **FEATURES),
+}
+FEAT = "gqa_window_features"
+
+_jit_forward = jax.jit(model.forward,
+                       static_argnames=("config", "return_hidden"))
+jit_prefill = jax.jit(model.prefill, static_argnames="config",
+                      donate_argnames="cache")
+jit_extend = jax.jit(model.extend, static_argnames=("config", "return_hidden"),
+                     donate_argnames="cache")
+jit_decode = jax.jit(model.decode_step, static_argnames="config",
+                     donate_argnames="cache")
+B, T = 3, 14  # One forward shape everywhere, so jit compiles are shared.
+
+
+@pytest.fixture(autouse=True)
+def _full_precision():
+  with jax.default_matmul_precision("float32"):
+    yield
+
+
+def fwd(params, tokens, config, **kwargs):
+  """Jitted forward -> numpy (logits, hidden)."""
+  logits, hidden = _jit_forward(params, tokens, config, return_hidden=True,
+                                **kwargs)
+  return np.asarray(logits), np.asarray(hidden.astype(jnp.float32))
+
+
+@functools.lru_cache(maxsize=None)
+def _params(config, seed=0):
+  """Random params, norm scales and biases non-trivial, made in numpy.
+
+  (Shapes from ``init_params`` via eval_shape: compiling it for every config
+  would cost a second of CPU each.)
+  """
+  shapes = jax.eval_shape(functools.partial(model.init_params, config),
+                          jax.random.key(0))
+  rng = np.random.default_rng(seed)
+
+  def make(path, leaf):
+    noise = rng.standard_normal(leaf.shape)
+    if "norm" in jax.tree_util.keystr(path):
+      x = (0.0 if config.norm_plus_one else 1.0) + 0.1 * noise
+    else:
+      x = 0.2 * noise
+    return jnp.asarray(x, leaf.dtype)
+
+  return jax.tree_util.tree_map_with_path(make, shapes)
+
+
+def _tokens(shape, seed=0):
+  return np.random.default_rng(seed).integers(0, V, shape).astype(np.int32)
+
+
+# --- KV cache == full forward -------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_prefill_extend_decode_match_forward(name):
+  """Right-padded prompts of lengths 5/3/7, a chunk, then token by token.
+
+  The 2-token chunk (``extend`` at per-row starts) runs on the windowed
+  configs, where a chunk straddling the window edge is the tricky case; the
+  others go straight to decoding (each jit compile costs a CPU second).
+  """
+  config = CONFIGS[name]
+  params = _params(config)
+  S, P, C = 16, 7, (2 if config.has_sliding_windows else 0)
+  tokens = _tokens((B, T))
+  want, want_hidden = fwd(params, tokens, config)
+
+  lengths = np.array([5, 3, 7])
+  junk = _tokens((B, P), seed=1)  # Pads differ from the true continuation.
+  prompt = np.where(np.arange(P) < lengths[:, None], tokens[:, :P], junk)
+  cache = model.init_cache(config, B, S)
+  logits, cache = jit_prefill(params, prompt, cache, config)
+  chex.assert_shape(logits, (B, P, V))
+  chex.assert_type(logits, jnp.float32)
+  logits = np.asarray(logits)
+  got = {(b, t): logits[b, t] for b in range(B) for t in range(lengths[b])}
+
+  if C:
+    chunk = np.stack([tokens[b, lengths[b]:lengths[b] + C] for b in range(B)])
+    logits, hidden, cache = jit_extend(params, chunk, lengths, cache, config,
+                                       return_hidden=True)
+    chex.assert_shape(logits, (B, C, V))
+    logits, hidden = np.asarray(logits), np.asarray(hidden)
+    for b in range(B):
+      for i in range(C):
+        got[b, lengths[b] + i] = logits[b, i]
+        np.testing.assert_allclose(hidden[b, i],
+                                   want_hidden[b, lengths[b] + i], atol=1e-5)
+
+  for pos in lengths + C + np.arange(T - C - lengths.max())[:, None]:
+    logits, cache = jit_decode(params, tokens[np.arange(B), pos], pos, cache,
+                               config)
+    chex.assert_shape(logits, (B, V))
+    logits = np.asarray(logits)
+    got.update({(b, pos[b]): logits[b] for b in range(B)})
+
+  # Every real (non-pad) position of each row was scored exactly once.
+  assert sorted(got) == sorted((b, t) for b in range(B)
+                               for t in range(lengths[b] + T - lengths.max()))
+  diff = max(np.abs(v - want[b, t]).max() for (b, t), v in got.items())
+  assert diff <= 1e-5, diff
+
+
+def test_eager_forward_matches_jit():
+  config = CONFIGS[FEAT]
+  params = _params(config)
+  tokens = _tokens((B, T))
+  eager = model.forward(params, tokens, config, return_hidden=True)
+  chex.assert_trees_all_close(eager, fwd(params, tokens, config), atol=1e-6)
+
+
+def test_extend_writes_only_its_slots():
+  config = CONFIGS[FEAT]
+  params = _params(config)
+  tokens = _tokens((B, T))
+  chunk, start = tokens[:, :2], np.array([0, 5, 14])
+  *_, cache = jit_extend(params, chunk, start, model.init_cache(config, B, 16),
+                         config, return_hidden=True)
+  written = np.any(np.asarray(cache.k) != 0, axis=(0, 3, 4))  # [B, S]
+  for b in range(B):
+    np.testing.assert_array_equal(np.flatnonzero(written[b]),
+                                  start[b] + np.arange(2))
+
+
+# --- forward properties ------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["mha", FEAT])
+def test_causality(name):
+  config = CONFIGS[name]
+  params = _params(config)
+  tokens = _tokens((B, T))
+  t = 6
+  perturbed = tokens.copy()
+  perturbed[:, t] = (tokens[:, t] + 1) % V
+  a, _ = fwd(params, tokens, config)
+  b, _ = fwd(params, perturbed, config)
+  np.testing.assert_array_equal(a[:, :t], b[:, :t])
+  assert np.all(np.abs(a[:, t:] - b[:, t:]).max(axis=-1) > 0)
+
+
+@pytest.mark.parametrize("name", ["mha_window", FEAT])
+def test_segment_ids_isolate_packed_sequences(name):
+  """Row 0 packs a (4 tokens) + b (5) + padding; rows 1, 2 hold a, b alone."""
+  config = CONFIGS[name]
+  params = _params(config)
+  tokens = _tokens((B, T), seed=2)
+  a, b = tokens[1, :4], tokens[2, :5]
+  tokens[0] = np.concatenate([a, b, np.zeros(5, np.int32)])
+  segments = np.array([[1] * 4 + [2] * 5 + [0] * 5] + [[1] * T] * 2)
+  positions = np.array([[0, 1, 2, 3, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4],
+                        np.arange(T), np.arange(T)])
+  packed, _ = fwd(params, tokens, config, positions_BxT=positions,
+                  segment_ids_BxT=segments)
+  alone, _ = fwd(params, tokens, config)  # Causal: trailing tokens don't matter.
+  np.testing.assert_allclose(packed[0, :4], alone[1, :4], atol=1e-5)
+  np.testing.assert_allclose(packed[0, 4:9], alone[2, :5], atol=1e-5)
+  np.testing.assert_allclose(packed[1:], alone[1:], atol=1e-5)
+  # Without segment ids, b's logits see a and change.
+  mixed, _ = fwd(params, tokens, config, positions_BxT=positions,
+                 segment_ids_BxT=np.ones((B, T), np.int32))
+  assert np.abs(mixed[0, 4:9] - packed[0, 4:9]).max() > 1e-3
+
+
+def test_bf16_compute_with_fp32_params_is_close_to_fp32():
+  config = CONFIGS[FEAT]
+  bf16 = dataclasses.replace(config, dtype="bfloat16")
+  params = _params(config)
+  tokens = _tokens((B, T))
+  want, _ = fwd(params, tokens, config)
+  logits, hidden = _jit_forward(params, tokens, bf16, return_hidden=True)
+  chex.assert_type(logits, jnp.float32)
+  chex.assert_type(hidden, jnp.bfloat16)
+  err = np.abs(np.asarray(logits) - want).max()
+  assert 0 < err < 0.05 * np.abs(want).max(), err
+  cache = model.init_cache(bf16, B, 16)
+  chex.assert_type(cache.k, jnp.bfloat16)
+  chex.assert_type(cache.v, jnp.bfloat16)
+
+
+def test_features_match_numpy_reference():
+  """All non-default features against an independent float64 numpy model."""
+  config = CONFIGS[FEAT]
+  params = _params(config)
+  tokens = _tokens((B, T))
+  logits, hidden = fwd(params, tokens, config)
+  want_logits, want_hidden = _numpy_forward(params, tokens, config)
+  np.testing.assert_allclose(logits, want_logits, atol=1e-4)
+  np.testing.assert_allclose(hidden, want_hidden, atol=1e-4)
+  assert np.abs(logits).max() < config.final_logit_softcap
+
+
+@pytest.mark.parametrize("name", ["gqa", FEAT])
+def test_unembedding_reproduces_logits_and_logprobs(name):
+  config = CONFIGS[name]
+  params = _params(config)
+  tokens = _tokens((B, T))
+  logits, hidden = fwd(params, tokens, config)
+  w = model.unembedding(params, config)
+  chex.assert_shape(w, (config.d_model, V))
+  expected_w = params["embed"].T if config.tie_embeddings else params["unembed"]
+  np.testing.assert_array_equal(w, expected_w)
+  targets = tokens.reshape(-1)
+  logp, _ = reference.token_logprobs(
+      jnp.asarray(hidden.reshape(-1, config.d_model)), w, targets,
+      softcap=config.final_logit_softcap)
+  want = np.take_along_axis(jax.nn.log_softmax(logits.reshape(-1, V)),
+                            targets[:, None], axis=-1)[:, 0]
+  np.testing.assert_allclose(logp, want, atol=1e-5)
+
+
+def test_remat_checkpoints_the_layer_body():
+  """remat wraps the scanned layer in jax.checkpoint; values are unchanged."""
+  config = CONFIGS["mha"]
+  params = _params(config)
+  tokens = _tokens((B, T))
+
+  def rematted(cfg):
+    loss = lambda p: jnp.sum(model.forward(p, tokens, cfg)[..., 0])
+    text = str(jax.make_jaxpr(jax.grad(loss))(params))
+    return "remat" in text or "checkpoint" in text
+
+  assert not rematted(config)
+  remat = dataclasses.replace(config, remat=True)
+  assert rematted(remat)
+  np.testing.assert_allclose(fwd(params, tokens, remat)[0],
+                             fwd(params, tokens, config)[0], atol=1e-6)
+
+
+def test_rope_depends_only_on_relative_position():
+  rng = np.random.default_rng(0)
+  q, k = rng.standard_normal((2, 1, 1, 1, 8), np.float32)
+
+  def score(pq, pk):
+    rq = transformer.apply_rope(q, np.array([[pq]]), 100.0)
+    rk = transformer.apply_rope(k, np.array([[pk]]), 100.0)
+    return float(jnp.sum(rq * rk))
+
+  assert score(5, 2) == pytest.approx(score(13, 10), abs=1e-5)
+  assert score(5, 2) != pytest.approx(score(5, 3), abs=1e-3)
+  np.testing.assert_allclose(transformer.apply_rope(q, np.zeros((1, 1)), 1.0),
+                             q, atol=1e-7)
+
+
+def test_rms_norm_hand_computed():
+  x = jnp.array([3.0, 4.0])  # rms = sqrt(12.5)
+  want = np.array([3.0, 8.0]) / math.sqrt(12.5)
+  np.testing.assert_allclose(
+      transformer.rms_norm(x, jnp.array([1.0, 2.0]), eps=0.0, plus_one=False),
+      want, rtol=1e-6)
+  np.testing.assert_allclose(
+      transformer.rms_norm(x, jnp.array([0.0, 1.0]), eps=0.0, plus_one=True),
+      want, rtol=1e-6)
+
+
+# --- params, config ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["mha", FEAT])
+def test_param_axes_match_params(name):
+  config = CONFIGS[name]
+  params = _params(config)
+  axes = model.param_axes(config)
+  is_axes = lambda x: isinstance(x, tuple)
+  assert jax.tree.structure(axes, is_leaf=is_axes) == jax.tree.structure(params)
+  allowed = {"layers", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab",
+             None}
+  for ax, leaf in zip(jax.tree.leaves(axes, is_leaf=is_axes),
+                      jax.tree.leaves(params)):
+    assert len(ax) == leaf.ndim and set(ax) <= allowed, (ax, leaf.shape)
+  for leaf in jax.tree.leaves(params["layers"]):
+    assert leaf.shape[0] == config.n_layers
+  assert ("unembed" in params) == (not config.tie_embeddings)
+
+
+def test_init_params_dtypes_and_norm_init():
+  config = dataclasses.replace(CONFIGS[FEAT], param_dtype="bfloat16")
+  params = model.init_params(config, jax.random.key(0))
+  assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype("bfloat16")}
+  assert not np.any(np.asarray(params["final_norm"], np.float32))  # 1 + w
+  config = CONFIGS["mha"]
+  plain = model.init_params(config, jax.random.key(0))
+  np.testing.assert_array_equal(plain["layers"]["attn_norm"], 1.0)
+  for name, fan_in in (("wq", 32), ("wo", 32), ("w_down", 48)):
+    std = np.asarray(plain["layers"][name]).std()
+    assert abs(std * math.sqrt(fan_in) - 1) < 0.1, (name, std)
+  other = model.init_params(config, jax.random.key(1))
+  assert np.abs(np.asarray(other["embed"] - plain["embed"])).max() > 0.1
+
+
+def test_presets_and_window_helper():
+  assert model.alternating_windows(4, 3) == (3, None, 3, None)
+  assert model.alternating_windows(6, 8, global_every=6) == (8,) * 5 + (None,)
+  tiny = model.TransformerConfig.tiny().validate()
+  big = model.TransformerConfig.llama_10m()
+  n = sum(x.size for x in jax.tree.leaves(
+      jax.eval_shape(functools.partial(model.init_params, big),
+                     jax.random.key(0))))
+  assert 9.5e6 < n < 10.5e6 and big.d_model == 320 and big.vocab_size == 1024
+  assert tiny.n_heads % tiny.n_kv_heads == 0
+  np.testing.assert_array_equal(
+      CONFIGS[FEAT].layer_windows(), [3, reference.NO_WINDOW])
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (dict(n_heads=6, n_kv_heads=4), r"n_heads \(6\).*n_kv_heads \(4\)"),
+    (dict(head_dim=7), "head_dim"),
+    (dict(sliding_windows=(3,)), "sliding_windows"),
+    (dict(sliding_windows=(0, None)), "sliding_windows"),
+    (dict(mlp_activation="relu"), "mlp_activation"),
+    (dict(attn_impl="cuda"), "attn_impl"),
+    (dict(dtype="int8"), "floating"),
+    (dict(final_logit_softcap=0.0), "final_logit_softcap"),
+])
+def test_bad_config_raises(overrides, match):
+  config = model.TransformerConfig.tiny(**overrides)
+  with pytest.raises(ValueError, match=match):
+    model.init_params(config, jax.random.key(0))
+  with pytest.raises(ValueError, match=match):
+    model.forward({}, jnp.zeros((1, 2), jnp.int32), config)
+
+
+# --- bad input -----------------------------------------------------------------
+
+
+def test_tokens_outside_vocab_raise():
+  config = CONFIGS["gqa"]
+  params = _params(config)
+  cache = model.init_cache(config, 2, 8)
+  for bad in (jnp.array([[1, V]]), jnp.array([[-1, 2]])):
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 64\)"):
+      model.forward(params, bad, config)
+  with pytest.raises(ValueError, match="token ids"):
+    model.prefill(params, jnp.array([[1, 2], [3, V + 5]]), cache, config)
+  with pytest.raises(ValueError, match="token ids"):
+    model.decode_step(params, jnp.array([1, V]), jnp.array([0, 0]), cache,
+                      config)
+  with pytest.raises(ValueError, match="integers"):
+    model.forward(params, jnp.zeros((1, 2)), config)
+
+
+def test_chunks_past_the_cache_and_bad_caches_raise():
+  config = CONFIGS["gqa"]
+  params = _params(config)
+  cache = model.init_cache(config, 2, 4)
+  with pytest.raises(ValueError, match="do not fit in a KV cache of 4"):
+    model.prefill(params, _tokens((2, 5)), cache, config)
+  with pytest.raises(ValueError, match="runs past the KV cache of 4"):
+    model.extend(params, _tokens((2, 2)), jnp.array([0, 3]), cache, config)
+  with pytest.raises(ValueError, match="runs past the KV cache of 4"):
+    model.decode_step(params, _tokens((2,)), jnp.array([4, 0]), cache, config)
+  with pytest.raises(ValueError, match="starts below 0"):
+    model.decode_step(params, _tokens((2,)), jnp.array([-1, 0]), cache, config)
+  with pytest.raises(ValueError, match="cache.k has shape"):
+    model.prefill(params, _tokens((3, 2)), cache, config)
+  with pytest.raises(ValueError, match="start_B must have shape"):
+    model.extend(params, _tokens((2, 2)), jnp.array([0]), cache, config)
+  with pytest.raises(ValueError, match="cache.k has dtype float32"):
+    model.prefill(params, _tokens((2, 2)), cache,
+                  dataclasses.replace(config, dtype="bfloat16"))
+
+
+def test_attention_rejects_bad_arguments():
+  q = jnp.zeros((1, 2, 4, 8))
+  kv = jnp.zeros((1, 2, 2, 8))
+  with pytest.raises(ValueError, match="impl"):
+    attention_lib.attention(q, kv, kv, impl="triton")
+  with pytest.raises(ValueError, match="segment ids"):
+    attention_lib.attention(q, kv, kv, q_positions_BxT=jnp.zeros((1, 2), int),
+                            segment_ids_BxT=jnp.zeros((1, 2), int))
+  with pytest.raises(ValueError, match="as many keys as queries"):
+    attention_lib.attention(q, jnp.zeros((1, 3, 2, 8)), jnp.zeros((1, 3, 2, 8)))
+
+
+# --- an independent float64 numpy model ------------------------------------------
+
+
+def _numpy_forward(params, tokens, c):
+  """Naive float64 model from the formulas in the config docstring."""
+  p = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
+  B, T = tokens.shape
+  H, K, Dh, half = c.n_heads, c.n_kv_heads, c.head_dim, c.head_dim // 2
+
+  def norm(x, w):
+    scale = 1 + w if c.norm_plus_one else w
+    return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + c.norm_eps) * scale
+
+  def rope(x):  # Pairs (i, i + half) rotate by pos / theta ** (2i / Dh).
+    out = np.empty_like(x)
+    for i in range(half):
+      a = np.arange(T)[None, :, None] / c.rope_theta ** (2 * i / Dh)
+      x1, x2 = x[..., i], x[..., i + half]
+      out[..., i] = x1 * np.cos(a) - x2 * np.sin(a)
+      out[..., i + half] = x2 * np.cos(a) + x1 * np.sin(a)
+    return out
+
+  def gelu_tanh(x):
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+  x = p["embed"][tokens] * (math.sqrt(c.d_model) if c.embed_scale else 1.0)
+  for layer in range(c.n_layers):
+    lp = {k: v[layer] for k, v in p["layers"].items()}
+    h = norm(x, lp["attn_norm"])
+    q = np.einsum("btd,dhk->bthk", h, lp["wq"]) + lp["bq"]
+    k = np.einsum("btd,dhk->bthk", h, lp["wk"]) + lp["bk"]
+    v = np.einsum("btd,dhk->bthk", h, lp["wv"]) + lp["bv"]
+    q, k = rope(norm(q, lp["q_norm"])), rope(norm(k, lp["k_norm"]))
+    k, v = np.repeat(k, H // K, axis=2), np.repeat(v, H // K, axis=2)
+    s = np.einsum("bthk,bshk->bhts", q, k) / math.sqrt(Dh)
+    s = c.attn_logit_softcap * np.tanh(s / c.attn_logit_softcap)
+    t_idx, s_idx = np.arange(T)[:, None], np.arange(T)[None, :]
+    visible = s_idx <= t_idx
+    if c.sliding_windows[layer] is not None:
+      visible &= t_idx - s_idx < c.sliding_windows[layer]
+    s = np.where(visible, s, -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    o = np.einsum("bhts,bshk->bthk", w, v)
+    x = x + np.einsum("bthk,hkd->btd", o, lp["wo"])
+    h = norm(x, lp["mlp_norm"])
+    act = gelu_tanh(h @ lp["w_gate"]) * (h @ lp["w_up"])
+    x = x + act @ lp["w_down"]
+  hidden = norm(x, p["final_norm"])
+  logits = hidden @ p["embed"].T
+  return c.final_logit_softcap * np.tanh(logits / c.final_logit_softcap), hidden
