@@ -5,7 +5,9 @@ Slot ``j`` of the cache holds the key/value of the token at absolute position
 on sliding-window layers). So the cache needs no length bookkeeping, and a
 right-padded prompt batch just works: a row's pad slots are overwritten when
 its later tokens are written, and until then they sit at positions after the
-row's current token, where the causal mask hides them.
+row's current token, where the causal mask hides them. For the same reason a
+cache can be reused for a new batch without clearing it. Writes past the end
+of the cache are dropped (checked in Python when the starts are concrete).
 
 Every function is jit-friendly with the cache donated::
 
