@@ -13,9 +13,15 @@ import numbers
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
 
 # Smallest tile edge: Triton's tensor-core dot needs M, N, K >= 16.
 MIN_BLOCK = 16
+# Finite "minus infinity" for masked logits: keeps every exp() argument finite.
+MASKED = -0.7 * float(np.finfo(np.float32).max)
+# A squeezed block dimension: the kernel's ref does not have it.
+SQUEEZED = pl.squeezed
 
 
 def check_impl(op: str, impl: str, allowed: tuple[str, ...]) -> None:
@@ -100,3 +106,44 @@ def window_operand(op: str, window) -> jax.Array | None:
         f"{op}: sliding_window must be an integer scalar, got shape "
         f"{np.shape(window)} dtype {window.dtype}")
   return jnp.asarray(window, jnp.int32)
+
+
+# --------------------------------------------------------------------------
+# In-kernel helpers (plain jnp on tiles; they lower to Triton and interpret).
+
+
+def dot_nt(a, b):
+  """``a @ b.T`` with fp32 accumulation."""
+  return lax.dot_general(a, b, (((1,), (1,)), ((), ())),
+                         preferred_element_type=jnp.float32)
+
+
+def dot_tn(a, b):
+  """``a.T @ b`` with fp32 accumulation."""
+  return lax.dot_general(a, b, (((0,), (0,)), ((), ())),
+                         preferred_element_type=jnp.float32)
+
+
+def online_softmax_init(rows: int, width: int):
+  """``(acc [rows, width], running max [rows], denominator [rows])``."""
+  return (jnp.zeros((rows, width), jnp.float32),
+          jnp.full((rows,), MASKED, jnp.float32),
+          jnp.zeros((rows,), jnp.float32))
+
+
+def online_softmax_step(carry, s, mask, v):
+  """Folds logits ``s [rows, cols]`` (fp32) and values ``v [cols, width]``
+  into the online softmax (FlashAttention-2, Alg. 1): rescale the running
+  ``acc`` and denominator by ``exp(m_old - m_new)``, add ``exp(s - m_new)``.
+  ``mask`` (bool, or None for all visible) hides entries exactly."""
+  acc, m, l = carry
+  if mask is not None:
+    s = jnp.where(mask, s, MASKED)
+  m_new = jnp.maximum(m, jnp.max(s, axis=1))
+  p = jnp.exp(s - m_new[:, None])
+  if mask is not None:
+    p = jnp.where(mask, p, 0.0)
+  alpha = jnp.exp(m - m_new)
+  acc = alpha[:, None] * acc + jnp.dot(p.astype(v.dtype), v,
+                                       preferred_element_type=jnp.float32)
+  return acc, m_new, alpha * l + jnp.sum(p, axis=1)

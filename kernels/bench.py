@@ -29,7 +29,6 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from agentic_rl import kernels
 

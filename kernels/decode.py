@@ -25,7 +25,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
@@ -33,9 +32,7 @@ from jax.experimental.pallas import triton as plgpu
 from agentic_rl.kernels import _common
 from agentic_rl.kernels import reference
 
-_MASKED = -0.7 * float(np.finfo(np.float32).max)
-# A squeezed block dimension: the kernel's ref does not have it.
-_SQ = pl.squeezed
+_SQ = _common.SQUEEZED
 
 # Programs to aim for when choosing the number of splits (about 2 waves on a
 # 132-SM H100/H200).
@@ -108,31 +105,20 @@ def _kernel(*refs, cfg: _Config):
                    lax.div(jnp.minimum(length, cfg.S) + bk - 1, bk))
 
   def body(j, carry):
-    acc, m, l = carry
     start = j * bk
     load = jnp.minimum(start, cfg.S - bk)  # last tile ends at S
     k = k_ref[pl.ds(load, bk), :]
     v = v_ref[pl.ds(load, bk), :]
-    s = lax.dot_general(q, k, (((1,), (1,)), ((), ())),
-                        preferred_element_type=jnp.float32) * cfg.scale
+    s = _common.dot_nt(q, k) * cfg.scale
     if cfg.softcap is not None:
       s = cfg.softcap * jnp.tanh(s / cfg.softcap)
     pos = load + lax.iota(jnp.int32, bk)
     mask = (pos >= jnp.maximum(start, first)) & (pos < length)
-    mask = jnp.broadcast_to(mask[None, :], s.shape)
-    s = jnp.where(mask, s, _MASKED)
-    m_new = jnp.maximum(m, jnp.max(s, axis=1))
-    p = jnp.where(mask, jnp.exp(s - m_new[:, None]), 0.0)
-    alpha = jnp.exp(m - m_new)
-    l = alpha * l + jnp.sum(p, axis=1)
-    acc = alpha[:, None] * acc + jnp.dot(p.astype(v.dtype), v,
-                                         preferred_element_type=jnp.float32)
-    return acc, m_new, l
+    return _common.online_softmax_step(
+        carry, s, jnp.broadcast_to(mask[None, :], s.shape), v)
 
-  init = (jnp.zeros((cfg.Gp, cfg.Dp), jnp.float32),
-          jnp.full((cfg.Gp,), _MASKED, jnp.float32),
-          jnp.zeros((cfg.Gp,), jnp.float32))
-  acc, m, l = lax.fori_loop(lo, hi, body, init)
+  acc, m, l = lax.fori_loop(lo, hi, body,
+                            _common.online_softmax_init(cfg.Gp, cfg.Dp))
   o_ref[...] = acc
   m_ref[...] = m
   l_ref[...] = l

@@ -30,7 +30,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
@@ -38,10 +37,7 @@ from jax.experimental.pallas import triton as plgpu
 from agentic_rl.kernels import _common
 from agentic_rl.kernels import reference
 
-# Finite "minus infinity" for masked logits: keeps every exp() argument finite.
-_MASKED = -0.7 * float(np.finfo(np.float32).max)
-# A squeezed block dimension: the kernel's ref does not have it.
-_SQ = pl.squeezed
+_SQ = _common.SQUEEZED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,25 +112,9 @@ def _make_config(q_shape, k_shape, *, causal, softcap, has_segments,
 # In-kernel helpers (shared by the forward, dQ and dK/dV kernels).
 
 
-def _dot_nt(a, b):
-  """``a @ b.T`` with fp32 accumulation."""
-  return lax.dot_general(a, b, (((1,), (1,)), ((), ())),
-                         preferred_element_type=jnp.float32)
-
-
-def _dot_tn(a, b):
-  """``a.T @ b`` with fp32 accumulation."""
-  return lax.dot_general(a, b, (((0,), (0,)), ((), ())),
-                         preferred_element_type=jnp.float32)
-
-
-def _dot(a, b):
-  return jnp.dot(a, b, preferred_element_type=jnp.float32)
-
-
 def _logits(cfg: _Config, q, k):
   """Scaled (and soft-capped) logits ``[bq, bk]`` fp32, and tanh or None."""
-  s = _dot_nt(q, k) * cfg.scale
+  s = _common.dot_nt(q, k) * cfg.scale
   if cfg.softcap is None:
     return s, None
   t = jnp.tanh(s / cfg.softcap)
@@ -268,7 +248,6 @@ def _fwd_kernel(*refs, cfg: _Config):
   window = None if w_ref is None else w_ref[()]
 
   def body(masked, j, carry):
-    acc, m, l = carry
     k_start = pl.multiple_of(j * bk, bk)
     k = k_ref[pl.ds(k_start, bk), :]
     v = v_ref[pl.ds(k_start, bk), :]
@@ -278,23 +257,11 @@ def _fwd_kernel(*refs, cfg: _Config):
       k_seg = None if ks_ref is None else ks_ref[pl.ds(k_start, bk)]
       mask = _visible(cfg, q_pos, k_start + lax.iota(jnp.int32, bk), q_seg,
                       k_seg, window)
-    if mask is not None:
-      s = jnp.where(mask, s, _MASKED)
-    m_new = jnp.maximum(m, jnp.max(s, axis=1))
-    p = jnp.exp(s - m_new[:, None])
-    if mask is not None:
-      p = jnp.where(mask, p, 0.0)
-    alpha = jnp.exp(m - m_new)
-    l = alpha * l + jnp.sum(p, axis=1)
-    acc = alpha[:, None] * acc + _dot(p.astype(v.dtype), v)
-    return acc, m_new, l
+    return _common.online_softmax_step(carry, s, mask, v)
 
-  init = (jnp.zeros((bq, cfg.Dp), jnp.float32),
-          jnp.full((bq,), _MASKED, jnp.float32),
-          jnp.zeros((bq,), jnp.float32))
   spans = _block_ranges(cfg, q_start, bq, bk, window, _key_blocks,
                         _full_key_blocks)
-  acc, m, l = _loop(spans, body, init)
+  acc, m, l = _loop(spans, body, _common.online_softmax_init(bq, cfg.Dp))
   seen = l > 0.0
   l_safe = jnp.where(seen, l, 1.0)
   o_ref[...] = (acc / l_safe[:, None]).astype(o_ref.dtype)
@@ -328,10 +295,11 @@ def _dq_kernel(*refs, cfg: _Config):
     p = jnp.exp(s - lse[:, None])
     if mask is not None:
       p = jnp.where(mask, p, 0.0)
-    ds = p * (_dot_nt(do, v) - delta[:, None])
+    ds = p * (_common.dot_nt(do, v) - delta[:, None])
     if t is not None:
       ds = ds * (1.0 - t * t)
-    return dq + _dot(ds.astype(k.dtype), k)
+    return dq + jnp.dot(ds.astype(k.dtype), k,
+                        preferred_element_type=jnp.float32)
 
   spans = _block_ranges(cfg, q_start, bq, bk, window, _key_blocks,
                         _full_key_blocks)
@@ -370,11 +338,11 @@ def _dkdv_kernel(*refs, cfg: _Config):
       p = jnp.exp(s - lse[:, None])
       if mask is not None:
         p = jnp.where(mask, p, 0.0)
-      dv = dv + _dot_tn(p.astype(do.dtype), do)
-      ds = p * (_dot_nt(do, v) - delta[:, None])
+      dv = dv + _common.dot_tn(p.astype(do.dtype), do)
+      ds = p * (_common.dot_nt(do, v) - delta[:, None])
       if t is not None:
         ds = ds * (1.0 - t * t)
-      dk = dk + _dot_tn(ds.astype(q.dtype), q)
+      dk = dk + _common.dot_tn(ds.astype(q.dtype), q)
       return dk, dv
     return _loop(spans, body, carry)
 

@@ -47,7 +47,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
@@ -55,9 +54,8 @@ from jax.experimental.pallas import triton as plgpu
 from agentic_rl.kernels import _common
 from agentic_rl.kernels import reference
 
-_MASKED = -0.7 * float(np.finfo(np.float32).max)
-# A squeezed block dimension: the kernel's ref does not have it.
-_SQ = pl.squeezed
+_MASKED = _common.MASKED
+_SQ = _common.SQUEEZED
 
 IMPLS = ("xla", "xla_chunked", "pallas")
 
