@@ -35,7 +35,7 @@ Implementations:
 Peak temporary memory of the chunked paths is ``O(N * chunk_v)`` instead of
 ``O(N * V)``. The last chunk or tile is shifted back to end at ``V`` (its
 already-counted columns are masked), so ``V`` need not be a multiple of any
-block and the unembedding is never padded or copied (unless ``D`` is not a
+block and the unembedding is not padded (unless, for Pallas, ``D`` is not a
 multiple of 16 or ``V < 16``).
 """
 
@@ -400,7 +400,8 @@ def token_logprobs(
   Args:
     hidden_NxD: final hidden states (floating point).
     unembed_DxV: unembedding, same dtype as hidden.
-    targets_N: int token ids in ``[0, V)``.
+    targets_N: int token ids in ``[0, V)`` (not checked, they may be traced;
+      an id outside gets ``logp = -logsumexp(z)``).
     temperature: Python float > 0; logits are divided by it (after capping).
     softcap: optional Python float ``c > 0``: ``z = c * tanh(z / c)``.
     impl: ``"pallas"``, ``"xla_chunked"`` or ``"xla"`` (see module doc).
