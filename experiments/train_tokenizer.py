@@ -30,7 +30,8 @@ _WORDS = ("the", "a", "of", "to", "and", "is", "what", "value", "result",
 
 
 def corpus(seed: int, lines: int):
-  """Yields corpus lines: task text from the environments, then filler."""
+  """Yields corpus lines: task text from the environments, then a quarter as
+  many filler lines."""
   rng = random.Random(seed)
   try:
     from agentic_rl.envs import corpus as env_corpus  # pylint: disable=g-import-not-at-top
@@ -38,7 +39,7 @@ def corpus(seed: int, lines: int):
   except ImportError:
     pass
   tools = tokenizer_lib.TOOL_NAMES
-  for _ in range(lines):
+  for _ in range(lines // 4):
     words = [rng.choice(_WORDS) for _ in range(rng.randint(3, 12))]
     num = str(rng.randint(0, 10**rng.randint(1, 12)))
     call = f"{rng.choice(tools)} {num}{rng.choice('+-*/')}{rng.randint(0, 999)}"

@@ -69,7 +69,9 @@ class BoxesEnv(episode.ToolEnv):
     self.num_levels = len(levels)
     self.max_boxes = max(l.boxes for l in levels)
     # linear and reverse may open every box but one, then answer.
-    super().__init__(tokenizer_or_codec, max_turns=max_turns or self.max_boxes + 1,
+    if max_turns is None:
+      max_turns = self.max_boxes + 1
+    super().__init__(tokenizer_or_codec, max_turns=max_turns,
                      max_action_len=max_action_len, **kwargs)
     if max_action_len < 16:
       raise ValueError(f"max_action_len={max_action_len} is too short; need >= 16")

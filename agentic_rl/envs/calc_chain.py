@@ -102,7 +102,9 @@ class CalcChainEnv(episode.ToolEnv):
     self.num_levels = len(levels)
     self.max_ops = max(l.num_ops for l in levels)
     # memo needs 2k+1 calls and the answer.
-    super().__init__(tokenizer_or_codec, max_turns=max_turns or 2 * self.max_ops + 2,
+    if max_turns is None:
+      max_turns = 2 * self.max_ops + 2
+    super().__init__(tokenizer_or_codec, max_turns=max_turns,
                      max_action_len=max_action_len, **kwargs)
     # tags, name, space; k-1 "("; a0; per operation: op, operand (+1 digit
     # when noisy), ")".

@@ -4,14 +4,15 @@
 environment's instances at one difficulty in the ``array_record`` format;
 :func:`load_split` reads a split back with ``tfds.data_source`` (random
 access, numpy). Each record holds the instance's arrays (one feature per
-pytree leaf), its prompt text and its seed.
+pytree leaf), its prompt text and its stream index.
 
-Seeds. Example ``i`` of a split is generated from
-``fold_in(key(seed), SPLIT_OFFSETS[split] + i)``; the offsets keep the
-splits' seed ranges disjoint. Instance *content* can still coincide by chance
-on small levels, so validation examples equal to a train example, and test
-examples equal to a train or validation example, are skipped (the next seed
-is used). Builds are deterministic for a seed.
+Seeds. A split holds the instances of its stream (``splits.py``: instance
+``i`` of split ``s`` is generated from ``instance_keys(seed, s, [i])``, the same
+stream ``agentic_rl.train`` draws from), in index order, each record with its
+``index``. The streams' keys are disjoint, but instance *content* can still
+coincide by chance on small levels, so validation instances equal to a train
+instance, and test instances equal to a train or validation instance, are
+left out (their indices are skipped). Builds are deterministic for a seed.
 
 (The ``tfrecord`` format, ``tfds.load`` and ``as_dataset`` need TensorFlow;
 this module uses none of them.)
@@ -28,19 +29,13 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from agentic_rl.envs import registry
+from agentic_rl.envs.splits import SPLITS, instance_keys
 from agentic_rl.text import default_codec
 
 PyTree = Any
 
-SPLITS = ("train", "validation", "test")
-SPLIT_OFFSETS = {"train": 0, "validation": 1 << 30, "test": 1 << 31}
 MAX_SPLIT_SIZE = 1 << 30
 _BATCH = 256
-
-
-def instance_seeds(split: str, count: int) -> np.ndarray:
-  """The fold-in indices of the first ``count`` candidate examples of a split."""
-  return SPLIT_OFFSETS[split] + np.arange(count, dtype=np.int64)
 
 
 def _leaf_names(instance: PyTree) -> list[str]:
@@ -104,26 +99,22 @@ class TaskInstances(tfds.core.GeneratorBasedBuilder):
     return tfds.core.DatasetInfo(
         builder=self, description=__doc__.split("\n\n")[0],
         features=tfds.features.FeaturesDict(
-            {"seed": tfds.features.Scalar(np.int64), "prompt": tfds.features.Text(), **leaves}),
+            {"index": tfds.features.Scalar(np.int64), "prompt": tfds.features.Text(),
+             **leaves}),
         disable_shuffling=True)
 
   def _instances(self, counts) -> dict[str, tuple[np.ndarray, list[np.ndarray]]]:
-    """Per split, ``(seeds, leaves)`` of ``counts[i]`` candidate instances,
+    """Per split, ``(indices, leaves)`` of its first ``counts[i]`` instances,
     generated in fixed-size batches by one compiled function."""
-    base = jax.random.key(self.spec.seed)
     level = self.spec.difficulty
-
-    @jax.jit
-    def generate(seeds):
-      return jax.tree.leaves(jax.vmap(
-          lambda i: self.env.generate(jax.random.fold_in(base, i), level))(seeds))
-
+    generate = jax.jit(jax.vmap(lambda k: jax.tree.leaves(self.env.generate(k, level))))
     out = {}
     for split, count in zip(SPLITS, counts):
-      seeds = instance_seeds(split, count)
-      padded = np.pad(seeds, (0, -count % _BATCH), mode="edge").astype(np.uint32)
-      parts = [generate(padded[i:i + _BATCH]) for i in range(0, len(padded), _BATCH)]
-      out[split] = (seeds, [np.concatenate(x)[:count] for x in zip(*parts)])
+      indices = np.arange(count, dtype=np.int64)
+      padded = np.pad(indices, (0, -count % _BATCH), mode="edge")
+      parts = [generate(instance_keys(self.spec.seed, split, padded[i:i + _BATCH]))
+               for i in range(0, len(padded), _BATCH)]
+      out[split] = (indices, [np.concatenate(x)[:count] for x in zip(*parts)])
     return out
 
   def _split_generators(self, dl_manager):
@@ -134,9 +125,9 @@ class TaskInstances(tfds.core.GeneratorBasedBuilder):
               for split, size in zip(SPLITS, self.spec.sizes)]
     candidates = self._instances(counts)
     for split, size in zip(SPLITS, self.spec.sizes):
-      seeds, leaves = candidates[split]
+      indices, leaves = candidates[split]
       rows, digests = [], []
-      for i in range(len(seeds)):
+      for i in range(len(indices)):
         digest = b"".join(x[i].tobytes() for x in leaves)
         if digest in taken:
           continue
@@ -148,14 +139,14 @@ class TaskInstances(tfds.core.GeneratorBasedBuilder):
         raise ValueError(f"{self.spec.env_name} level {self.spec.difficulty} has too few "
                          f"distinct instances for a {split} split of {size}")
       taken.update(digests)
-      splits[split] = self._generate_examples(seeds[rows], [x[rows] for x in leaves])
+      splits[split] = self._generate_examples(indices[rows], [x[rows] for x in leaves])
     return splits
 
-  def _generate_examples(self, seeds, leaves):
-    for i, seed in enumerate(seeds):
+  def _generate_examples(self, indices, leaves):
+    for i, index in enumerate(indices):
       row = [x[i] for x in leaves]
       instance = jax.tree.unflatten(self.treedef, row)
-      record = {"seed": int(seed), "prompt": self.env.prompt_text(instance)}
+      record = {"index": int(index), "prompt": self.env.prompt_text(instance)}
       record.update(zip(self.names, row))
       yield i, record
 
@@ -173,7 +164,8 @@ def build(env_name: str, difficulty: int, *, data_dir: str, **kwargs) -> TaskIns
 
 @dataclasses.dataclass(frozen=True)
 class TaskSplit:
-  """One split, random access: ``split[i]`` is ``(instance, prompt, seed)``."""
+  """One split, random access: ``split[i]`` is ``(instance, prompt, index)``
+  (``index``: the instance's position in its split's stream)."""
 
   builder: TaskInstances
   source: Any
@@ -183,7 +175,7 @@ class TaskSplit:
 
   def __getitem__(self, i: int) -> tuple[PyTree, str, int]:
     record = self.source[i]
-    return self.builder.to_instance(record), record["prompt"].decode(), int(record["seed"])
+    return self.builder.to_instance(record), record["prompt"].decode(), int(record["index"])
 
   def instances(self, indices) -> PyTree:
     """A batch of instances (leading axis), e.g. for a vmapped rollout."""

@@ -239,7 +239,8 @@ class ToolEnv:
     turn = state.turn + 1
     done = (p.kind == ANSWER) | (p.kind == STOP)
     truncated = (p.kind == CUT) | (is_call & (turn >= self.max_turns))
-    call_hash = jnp.where(known, tools.hash_ints(jnp.stack([p.tool, res.args_hash]),
+    valid = known & ~malformed  # well formed; the tool itself may still fail
+    call_hash = jnp.where(valid, tools.hash_ints(jnp.stack([p.tool, res.args_hash]),
                                                  jnp.ones((2,), bool)), -1)
     has_value = call_ok & res.has_value
     new = state.replace(
@@ -255,7 +256,7 @@ class ToolEnv:
             call_ok.astype(jnp.int32)),
         last_value=jnp.where(has_value, res.value, state.last_value),
         has_last_value=state.has_last_value | has_value,
-        strategy_hash=jnp.where(known, tools.hash_ints(
+        strategy_hash=jnp.where(valid, tools.hash_ints(
             jnp.stack([state.strategy_hash, call_hash]), jnp.ones((2,), bool)),
                                 state.strategy_hash),
         done=done, truncated=truncated)
@@ -274,7 +275,7 @@ class ToolEnv:
     obs_len = jnp.where(live & is_call, jnp.where(has_value, num_len, msg_len), 0)
     obs = jnp.where(jnp.arange(self.max_obs_len) < obs_len, obs, v.ids.pad)
     info = {
-        "tool_id": jnp.where(live & known, p.tool, -1).astype(jnp.int32),
+        "tool_id": jnp.where(live & valid, p.tool, -1).astype(jnp.int32),
         "call_hash": jnp.where(live, call_hash, -1).astype(jnp.int32),
         "tool_status": jnp.where(live & is_call, status, T.OK).astype(jnp.int32),
         "tool_error": live & tool_error,

@@ -68,7 +68,9 @@ class MultiHopEnv(episode.ToolEnv):
     self.num_levels = len(levels)
     self.max_entries = max(l.entries for l in levels)
     max_hops = max(l.hops for l in levels)
-    super().__init__(tokenizer_or_codec, max_turns=max_turns or 2 * max_hops + 2,
+    if max_turns is None:
+      max_turns = 2 * max_hops + 2
+    super().__init__(tokenizer_or_codec, max_turns=max_turns,
                      max_action_len=max_action_len, **kwargs)
     if max_action_len < 18:
       raise ValueError(f"max_action_len={max_action_len} is too short; need >= 18")
