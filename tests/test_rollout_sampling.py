@@ -146,5 +146,7 @@ def test_to_groups():
   g = to_groups(x, 3)
   chex.assert_shape(g, (2, 3, 2))
   np.testing.assert_array_equal(g[1, 0], [6, 7])
+  tree = to_groups({"a": x, "b": jnp.arange(6)}, 2)
+  chex.assert_shape([tree["a"], tree["b"]], [(3, 2, 2), (3, 2)])
   with pytest.raises(ValueError, match="group size 4 does not divide the batch of 6"):
     to_groups(x, 4)

@@ -142,16 +142,19 @@ class RolloutState:
         finished_B=self.ended_B)
 
 
-def to_groups(x_B: jax.Array, group_size: int) -> jax.Array:
-  """Reshapes a per-row array ``[B, ...]`` to ``[P, G, ...]`` (prompt-major).
+def to_groups(tree: PyTree, group_size: int) -> PyTree:
+  """Reshapes per-row arrays ``[B, ...]`` to ``[P, G, ...]`` (prompt-major).
 
+  ``tree`` is one array or any pytree of them (e.g. a :class:`Rollout`).
   Raises ``ValueError`` when ``group_size`` does not divide B.
   """
-  B = x_B.shape[0]
-  if group_size < 1 or B % group_size:
-    raise ValueError(f"group size {group_size} does not divide the batch of "
-                     f"{B} rows")
-  return jnp.reshape(x_B, (B // group_size, group_size) + x_B.shape[1:])
+  def split(x):
+    B = jnp.shape(x)[0]
+    if group_size < 1 or B % group_size:
+      raise ValueError(f"group size {group_size} does not divide the batch of "
+                       f"{B} rows")
+    return jnp.reshape(x, (B // group_size, group_size) + jnp.shape(x)[1:])
+  return jax.tree.map(split, tree)
 
 
 def select_rows(take_B: jax.Array, new: PyTree, old: PyTree) -> PyTree:
