@@ -80,7 +80,8 @@ def rl_loss(model_config, objective: objectives.ObjectiveConfig, *,
     logp_BxT, entropy_BxT = sequence_logprobs(
         params, batch["tokens_BxT"], model_config, temperature=temperature,
         impl=logprob_impl)
-    extra = {}
+    # Shift controls arrive as per-token weights; weight 0 leaves the token out.
+    extra = {"token_weights_BxT": batch["loss_mask_BxT"]}
     if objective.correction is not None:
       extra["behaviour_logp_BxT"] = batch["behaviour_logp_BxT"]
     if objective.kl_coef:
@@ -140,3 +141,26 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
     return new_state, metrics
 
   return step
+
+
+def shard_train_step(step, mesh, model_config, optimizer, params):
+  """``jax.jit`` of ``step`` with explicit shardings over ``mesh``.
+
+  Parameters follow the model's logical axes through the one rule table
+  (``sharding.LOGICAL_RULES``), optimiser moments follow their parameters,
+  batch arrays split along their leading axis over ``("data", "fsdp")``, and
+  the train state is donated. Returns ``(jitted_step, state_sharding)``; put
+  the state on the mesh with ``jax.device_put(state, state_sharding)``.
+  """
+  from agentic_rl import model as model_lib  # pylint: disable=g-import-not-at-top
+  from agentic_rl.train import sharding  # pylint: disable=g-import-not-at-top
+  params_sh = sharding.logical_to_sharding(model_lib.param_axes(model_config), mesh,
+                                           shapes=params)
+  state_sh = TrainState(
+      params=params_sh,
+      opt_state=sharding.opt_state_sharding(optimizer, params, params_sh, mesh),
+      step=sharding.replicated(mesh))
+  jitted = sharding.jit_sharded(
+      step, mesh, in_shardings=(state_sh, sharding.batch_sharding(mesh)),
+      out_shardings=(state_sh, sharding.replicated(mesh)), donate_argnums=(0,))
+  return jitted, state_sh

@@ -48,7 +48,7 @@ from agentic_rl.train import config as config_lib
 from agentic_rl.train import learner
 from agentic_rl.train import metrics as metrics_lib
 from agentic_rl.train import sharding
-from agentic_rl.train.tasks import Tasks
+from agentic_rl.train.tasks import Tasks, encode_prompts, generate
 
 
 @dataclasses.dataclass
@@ -61,8 +61,30 @@ class Run:
   tasks: Tasks
   model_config: model_lib.TransformerConfig
   mesh: Any
-  eval_engine: RolloutEngine
-  passk_engine: RolloutEngine
+  engines: dict = dataclasses.field(default_factory=dict)
+
+  def engine(self, sampling: SamplingConfig, rows: int) -> RolloutEngine:
+    """One compiled engine per (sampling settings, batch rows), shared by
+    the RL stages and evaluation. Rows are episodes (group size 1): groups
+    are made by repeating prompts."""
+    key = (sampling, rows)
+    if key not in self.engines:
+      self.engines[key] = RolloutEngine(self.model_config, sampling, self.codec.ids,
+                                        env=self.env, batch_size=rows)
+    return self.engines[key]
+
+  def rollout(self, params, sampling: SamplingConfig, split: str, ids: np.ndarray, key,
+              version: int, rows: int) -> Rollout:
+    """Episodes for prompts ``ids`` (repeats allowed), in fixed-size calls."""
+    engine = self.engine(sampling, rows)
+    parts = []
+    for start in range(0, len(ids), rows):
+      chunk = ids[start:start + rows]
+      inst = self.tasks.instances(split, np.resize(chunk, rows))
+      prompts, lens = self.tasks.prompts(inst)
+      ro = engine.rollout(params, prompts, lens, inst, jax.random.fold_in(key, start), version)
+      parts.append(jax.tree.map(lambda x: np.asarray(x)[:len(chunk)], ro))
+    return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
 
 
 def build(cfg) -> Run:
@@ -76,24 +98,20 @@ def build(cfg) -> Run:
   mesh = sharding.make_mesh(sharding.MeshConfig(**cfg.mesh))
   tasks = Tasks(env, seed=cfg.seed, difficulty=cfg.tasks.difficulty,
                 prompt_len=cfg.sampling.max_total_tokens // 2)
-  greedy = config_lib.sampling_config(cfg, greedy=True)
-  sample = config_lib.sampling_config(cfg)
-  eval_engine = RolloutEngine(model_config, greedy, codec.ids, env=env,
-                              batch_size=cfg.eval.num_prompts)
-  passk_engine = RolloutEngine(model_config, sample, codec.ids, env=env,
-                               batch_size=cfg.eval.num_prompts * cfg.eval.pass_k,
-                               group_size=cfg.eval.pass_k)
-  return Run(cfg, codec, env, tasks, model_config, mesh, eval_engine, passk_engine)
+  return Run(cfg, codec, env, tasks, model_config, mesh)
 
 
 # ------------------------------------------------------------------ evaluation
 def evaluate(run: Run, params, key) -> dict[str, float]:
   """Greedy success and sampled pass@k on the held-out test split."""
-  n, k = run.cfg.eval.num_prompts, run.cfg.eval.pass_k
-  inst, prompts, lens = run.tasks.fixed_set("test", n)
-  greedy = run.eval_engine.rollout(params, prompts, lens, inst, key, 0)
+  cfg = run.cfg
+  n, k, rows = cfg.eval.num_prompts, cfg.eval.pass_k, cfg.eval.batch_rows
+  ids = np.arange(n)
+  greedy = run.rollout(params, config_lib.sampling_config(cfg, greedy=True), "test", ids,
+                       key, 0, rows)
   success = np.asarray(greedy.reward_components["outcome"]) > 0.5
-  sampled = run.passk_engine.rollout(params, prompts, lens, inst, key, 0)
+  sampled = run.rollout(params, config_lib.sampling_config(cfg), "test", np.repeat(ids, k),
+                        key, 0, rows)
   success_PxK = np.asarray(sampled.reward_components["outcome"]).reshape(n, k) > 0.5
   out = {"eval/success": float(success.mean())}
   out.update({k_: float(v) for k_, v in
@@ -103,33 +121,43 @@ def evaluate(run: Run, params, key) -> dict[str, float]:
 
 # ------------------------------------------------------------------ SFT stage
 def demonstrations(run: Run, stage, key) -> dict[str, np.ndarray]:
-  """Encoded scripted demonstrations, padded to ``[N, T]``.
+  """Scripted demonstrations as token streams with loss masks, ``[N, T]``.
 
-  Each task family contributes in proportion to its mixture weight, with
-  every scripted strategy in turn and ``stage.demo_noise`` (wrong steps,
-  early answers), so the warm-started policy is competent but imperfect. The
-  instances come from their own seed stream, apart from RL and test prompts.
+  Each task family contributes in proportion to its mixture weight, with its
+  scripted strategies in turn and ``stage.demo_noise`` (wrong steps, early
+  answers), so the warm-started policy is competent but imperfect. A
+  demonstration is exactly the stream the rollout engine would record for the
+  scripted actions: prompt (mask 0), actions (mask 1) and framed
+  observations (mask 0). Instances come from their own seed stream.
   """
   T = run.cfg.sampling.max_total_tokens
+  ids = run.codec.ids
   rows, masks = [], []
   members = getattr(run.env, "envs", (run.env,))
   weights = getattr(run.env, "weights", (1.0,))
   for f, (env, w) in enumerate(zip(members, weights)):
-    n = int(round(stage.num_demos * w))
-    keys = jax.random.split(jax.random.fold_in(key, f), n)
-    inst = jax.jit(jax.vmap(lambda k, env=env: env.generate(k, run.cfg.tasks.difficulty)))(keys)
-    strategy = np.arange(n) % len(env.strategies)
+    per_strategy = -(-int(round(stage.num_demos * w)) // len(env.strategies))
     for s in range(len(env.strategies)):
-      part = jax.tree.map(lambda x: x[strategy == s], inst)
-      for conv in scripted.demonstrations(env, part, jax.random.fold_in(keys[0], s),
-                                          strategy=s, noise=stage.demo_noise):
-        enc = run.codec.encode(conv)
-        if len(enc.ids) <= T:
-          rows.append(enc.ids)
-          masks.append(enc.loss_mask)
+      k_inst, k_play = jax.random.split(jax.random.fold_in(jax.random.fold_in(key, f), s))
+      inst = generate(env, jax.random.split(k_inst, per_strategy), run.cfg.tasks.difficulty)
+      prompts, plens = encode_prompts(env, inst, T)
+      traj = scripted.batch_rollouts(env, inst, jax.random.split(k_play, per_strategy),
+                                     strategy=s, noise=stage.demo_noise)
+      framed, framed_len = codec_lib.frame_observation(traj.obs, traj.obs_lens, ids)
+      traj, framed, framed_len = jax.tree.map(np.asarray, (traj, framed, framed_len))
+      for i in range(per_strategy):
+        seg_ids, seg_mask = [prompts[i, :plens[i]]], [np.zeros(plens[i], np.float32)]
+        for t in np.flatnonzero(traj.live[i]):
+          n_act, n_obs = traj.action_lens[i, t], framed_len[i, t] if traj.obs_lens[i, t] else 0
+          seg_ids += [traj.actions[i, t, :n_act], framed[i, t, :n_obs]]
+          seg_mask += [np.ones(n_act, np.float32), np.zeros(n_obs, np.float32)]
+        row = np.concatenate(seg_ids)
+        if len(row) <= T:
+          rows.append(row)
+          masks.append(np.concatenate(seg_mask))
   if not rows:
     raise ValueError(f"no demonstration fits in max_total_tokens={T}")
-  return {"tokens_BxT": codec_lib.pad_batch(rows, T, run.codec.ids.pad),
+  return {"tokens_BxT": codec_lib.pad_batch(rows, T, ids.pad),
           "loss_mask_BxT": codec_lib.pad_batch(masks, T, 0.0)}
 
 
@@ -146,33 +174,32 @@ def _gather_rows(parts: list[Rollout], call: np.ndarray, row: np.ndarray) -> Rol
 class RLStage:
   """The RL stage's compiled pieces and host-side state."""
 
-  engine: RolloutEngine
+  sampling: SamplingConfig
   objective: objectives.ObjectiveConfig
   signal_cfg: signal.SignalConfig
   shift_cfg: shift.ShiftConfig
   step_fn: Any
+  state_sharding: Any
   score_fn: Any
   rows: int
 
 
-def make_rl_stage(run: Run, stage, optimizer) -> RLStage:
+def make_rl_stage(run: Run, stage, optimizer, params) -> RLStage:
   cfg = run.cfg
   P, G = stage.prompts_per_step, stage.group_size
   sampling = config_lib.sampling_config(cfg, temperature=stage.temperature,
                                         top_k=stage.top_k, top_p=stage.top_p)
-  engine = RolloutEngine(run.model_config, sampling, run.codec.ids, env=run.env,
-                         batch_size=P * G, group_size=1)
   objective = config_lib.objective_config(stage)
   loss_fn = learner.rl_loss(run.model_config, objective, temperature=stage.temperature,
                             logprob_impl=cfg.model.logprob_impl)
-  step_fn = jax.jit(learner.make_train_step(loss_fn, optimizer,
-                                            micro_batches=cfg.micro_batches),
-                    donate_argnums=0)
+  step_fn, state_sharding = learner.shard_train_step(
+      learner.make_train_step(loss_fn, optimizer, micro_batches=cfg.micro_batches),
+      run.mesh, run.model_config, optimizer, params)
   score_fn = jax.jit(lambda params, tokens: sequence_logprobs(
       params, tokens, run.model_config, temperature=stage.temperature,
       impl=cfg.model.logprob_impl)[0])
-  return RLStage(engine, objective, config_lib.signal_config(stage),
-                 config_lib.shift_config(stage), step_fn, score_fn, P * G)
+  return RLStage(sampling, objective, config_lib.signal_config(stage),
+                 config_lib.shift_config(stage), step_fn, state_sharding, score_fn, P * G)
 
 
 def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_params,
@@ -189,21 +216,12 @@ def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_
   t0 = time.perf_counter()
 
   def sample_fn(ids_N, n, k):
-    """Rollouts for prompts ``ids_N`` x ``n``, in fixed-size engine calls."""
-    want = np.repeat(np.asarray(ids_N), n)
-    out = []
-    for start in range(0, want.size, rl.rows):
-      chunk = want[start:start + rl.rows]
-      padded = np.resize(chunk, rl.rows)  # repeat to the engine's batch
-      inst = run.tasks.instances("train", padded)
-      prompts, lens = run.tasks.prompts(inst)
-      ro = rl.engine.rollout(actor_params, prompts, lens, inst,
-                             jax.random.fold_in(k, start), actor_version)
-      ro = jax.tree.map(lambda x: np.asarray(x)[:chunk.size], ro)
-      parts.append(ro)
-      rollout_tokens[0] += int(ro.loss_mask_BxT.sum())
-      out.append(ro.reward_components["outcome"] > 0.5)
-    return np.concatenate(out).reshape(len(ids_N), n)
+    """Outcomes of ``n`` rollouts for each of the prompts ``ids_N``."""
+    ro = run.rollout(actor_params, rl.sampling, "train", np.repeat(np.asarray(ids_N), n), k,
+                     actor_version, rl.rows)
+    parts.append(ro)
+    rollout_tokens[0] += int(ro.loss_mask_BxT.sum())
+    return (ro.reward_components["outcome"] > 0.5).reshape(len(ids_N), n)
 
   key, draw_key = jax.random.split(key)
   prompt_ids = draw_prompts(P, draw_key)
@@ -342,9 +360,11 @@ def train(cfg, workdir: str) -> dict[str, Any]:
     if stage.kind == "sft":
       data = demonstrations(run, stage, stage_key)
       n_rows = data["tokens_BxT"].shape[0]
-      step_fn = jax.jit(learner.make_train_step(
+      step_fn, state_sharding = learner.shard_train_step(learner.make_train_step(
           learner.sft_loss(run.model_config, logprob_impl=cfg.model.logprob_impl),
-          optimizer, micro_batches=cfg.micro_batches), donate_argnums=0)
+          optimizer, micro_batches=cfg.micro_batches),
+          run.mesh, run.model_config, optimizer, state.params)
+      state = jax.device_put(state, state_sharding)
       while progress.stage_step < n_steps:
         t0 = time.perf_counter()
         rows = np.random.default_rng([cfg.seed, progress.global_step]).choice(
@@ -358,7 +378,8 @@ def train(cfg, workdir: str) -> dict[str, Any]:
         if progress.stage_step % cfg.checkpoint.every == 0 and progress.stage_step < n_steps:
           save(state, actors)
     else:
-      rl = make_rl_stage(run, stage, optimizer)
+      rl = make_rl_stage(run, stage, optimizer, state.params)
+      state = jax.device_put(state, rl.state_sharding)
 
       def draw_prompts(num, key):
         del key

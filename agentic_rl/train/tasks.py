@@ -29,7 +29,6 @@ class Tasks:
     self.seed = seed
     self.difficulty = difficulty
     self.prompt_len = prompt_len
-    self._generate = jax.jit(jax.vmap(lambda k: env.generate(k, difficulty)))
 
   def keys(self, split: str, ids: np.ndarray) -> jax.Array:
     if split not in SPLIT_SALT:
@@ -39,20 +38,25 @@ class Tasks:
 
   def instances(self, split: str, ids: np.ndarray):
     """Instance pytree with leading axis ``len(ids)``."""
-    return self._generate(self.keys(split, ids))
+    return generate(self.env, self.keys(split, ids), self.difficulty)
 
   def prompts(self, instances) -> tuple[np.ndarray, np.ndarray]:
     """``(prompts_NxL, prompt_len_N)``: the codec's prompt ids, right-padded."""
-    instances = jax.tree.map(np.asarray, instances)
-    n = jax.tree.leaves(instances)[0].shape[0]
-    codec = self.env.codec
-    rows = [codec.encode_prompt(prompts_lib.prompt_messages(
-        self.env, jax.tree.map(lambda x, i=i: x[i], instances))) for i in range(n)]
-    return (codec_lib.pad_batch(rows, self.prompt_len, codec.ids.pad),
-            np.array([len(r) for r in rows], np.int32))
+    return encode_prompts(self.env, instances, self.prompt_len)
 
-  @functools.lru_cache(maxsize=8)
-  def fixed_set(self, split: str, n: int):
-    """The first ``n`` instances of a split with their prompts (for evaluation)."""
-    inst = self.instances(split, np.arange(n))
-    return (inst,) + self.prompts(inst)
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def generate(env, keys_N: jax.Array, difficulty: int):
+  """``vmap(env.generate)`` over keys, compiled once per environment."""
+  return jax.vmap(lambda k: env.generate(k, difficulty))(keys_N)
+
+
+def encode_prompts(env, instances, prompt_len: int) -> tuple[np.ndarray, np.ndarray]:
+  """``(prompts_NxL, prompt_len_N)`` for a batch of instances of ``env``."""
+  instances = jax.tree.map(np.asarray, instances)
+  n = jax.tree.leaves(instances)[0].shape[0]
+  codec = env.codec
+  rows = [codec.encode_prompt(prompts_lib.prompt_messages(
+      env, jax.tree.map(lambda x, i=i: x[i], instances))) for i in range(n)]
+  return (codec_lib.pad_batch(rows, prompt_len, codec.ids.pad),
+          np.array([len(r) for r in rows], np.int32))

@@ -82,8 +82,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       test_size=256,
   ))
   c.sampling = ml_collections.ConfigDict(dict(
-      max_turns=6, max_new_tokens_per_turn=24, max_total_tokens=192))
-  c.eval = ml_collections.ConfigDict(dict(every=20, num_prompts=256, pass_k=4))
+      max_turns=6, max_new_tokens_per_turn=24, max_total_tokens=160))
+  c.eval = ml_collections.ConfigDict(dict(every=20, num_prompts=128, pass_k=4, batch_rows=128))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   c.micro_batches = 1
   c.checkpoint = ml_collections.ConfigDict(dict(every=20, keep=2))
@@ -104,6 +104,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.sft.update(steps=4, batch_size=8, num_demos=64)
     c.rl.update(iterations=3, prompts_per_step=4, group_size=2)
     c.tasks.update(train_size=256, test_size=16)
-    c.eval.update(every=2, num_prompts=8, pass_k=2)
+    c.eval.update(every=2, num_prompts=8, pass_k=2, batch_rows=8)
     c.checkpoint.every = 2
   return c
