@@ -34,7 +34,8 @@ def test_instances_are_exact_and_in_range(env):
       assert _python_value(prompt) == int(inst.answer), prompt
       # Every intermediate stays in [1, 10**9): the chain, replayed.
       value = int(inst.operands[0])
-      for op, b in zip(inst.ops[:spec.num_ops], inst.operands[1:spec.num_ops + 1]):
+      for op, b in zip(inst.ops[:spec.num_ops].tolist(),
+                       inst.operands[1:spec.num_ops + 1].tolist()):
         value = [value + b, value - b, value * b, value // b][op]
         assert 1 <= value < 10**9
       assert set("+-*/"[o] for o in inst.ops[:spec.num_ops]) <= set(spec.ops)

@@ -82,13 +82,13 @@ class BoxesEnv(episode.ToolEnv):
     M = self.max_boxes
     n = jnp.asarray(self._boxes)[level]
     lo = jnp.asarray(10, jnp.int32) ** (jnp.asarray(self._digits)[level] - 1)
-    k_gaps, k_target = jax.random.split(key)
+    u = jax.random.uniform(key, (M + 1,))
     # Distinct increasing numbers in [lo, 10 lo): positive random gaps.
     max_gap = (9 * lo) // n
-    gaps = jax.random.randint(k_gaps, (M,), 1, max_gap + 1)
+    gaps = episode.uniform_ints(u[:M], 1, max_gap + 1)
     i = jnp.arange(M)
     contents = jnp.where(i < n, lo - 1 + jnp.cumsum(gaps), 0).astype(jnp.int32)
-    box = jax.random.randint(k_target, (), 0, n)
+    box = episode.uniform_ints(u[M], 0, n)
     world = tools.World(table_keys=jnp.zeros((1,), jnp.int32),
                         table_values=jnp.zeros((1,), jnp.int32),
                         table_size=jnp.zeros((), jnp.int32), boxes=contents, num_boxes=n)
@@ -99,7 +99,7 @@ class BoxesEnv(episode.ToolEnv):
     n = int(instance.world.num_boxes)
     return f"Boxes 1-{n} hold sorted numbers. Which box holds {int(instance.target)}?"
 
-  def _script(self, state, key, strategy, mistake):
+  def _script(self, state, u, strategy, mistake):
     inst = state.instance
     boxes = inst.world.boxes
     n = inst.world.num_boxes
@@ -112,6 +112,6 @@ class BoxesEnv(episode.ToolEnv):
     answer_now = found.any() | (lo >= hi)
     answer = jnp.where(found.any(), jnp.argmax(found), lo) + 1
     probe = jnp.select([strategy == 0, strategy == 1], [lo, hi], (lo + hi) // 2)
-    probe = jnp.where(mistake == self.WRONG_ARGUMENT, jax.random.randint(key, (), 0, n), probe)
+    probe = jnp.where(mistake == self.WRONG_ARGUMENT, episode.uniform_ints(u[0], 0, n), probe)
     call = self._call(T.OPEN, [T.render_int(probe + 1, self.vocab)], mistake)
     return self._finish(state, call, answer, answer_now, (lo + hi) // 2 + 1, mistake)

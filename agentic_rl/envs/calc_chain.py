@@ -74,9 +74,9 @@ class CalcInstance:
   level: jax.Array
 
 
-def _random_digits(key, digits, shape=()):
+def _random_digits(u, digits):
   lo = jnp.asarray(10, jnp.int32) ** (digits - 1)
-  return jax.random.randint(key, shape, lo, lo * 10)
+  return episode.uniform_ints(u, lo, lo * 10)
 
 
 def expression(operands: np.ndarray, ops: np.ndarray, num_ops: int) -> str:
@@ -123,11 +123,13 @@ class CalcChainEnv(episode.ToolEnv):
     K = self.max_ops
     get = lambda name: jnp.asarray(self._table[name])[level]
     num_ops = get("num_ops")
-    k_first, k_ops, k_b = jax.random.split(key, 3)
-    a0 = _random_digits(k_first, get("first"))
-    logits = jnp.where(get("op_mask"), 0.0, -jnp.inf)
-    ops = jax.random.categorical(k_ops, logits, shape=(K,))
-    bs = _random_digits(k_b, get("digits"), (K,))
+    u = jax.random.uniform(key, (2 * K + 1,))
+    a0 = _random_digits(u[0], get("first"))
+    # Operators uniform over the level's allowed ones.
+    allowed = get("op_mask")
+    pick = episode.uniform_ints(u[1:K + 1], 0, allowed.sum())
+    ops = jnp.argmax(jnp.cumsum(allowed)[None, :] > pick[:, None], axis=1)
+    bs = _random_digits(u[K + 1:], get("digits"))
 
     def body(r, x):
       i, op, b = x
@@ -148,13 +150,11 @@ class CalcChainEnv(episode.ToolEnv):
     i = jax.tree.map(np.asarray, instance)
     return f"Compute {expression(i.operands, i.ops, int(i.num_ops))}."
 
-  def _script(self, state, key, strategy, mistake):
+  def _script(self, state, u, strategy, mistake):
     inst = state.instance
     v = self.vocab
-    k_delta, k_chain = jax.random.split(key)
     op_ids = jnp.asarray([v.plus, v.minus, v.times, v.divide])
-    wrong = jnp.where(mistake == self.WRONG_ARGUMENT,
-                      jax.random.randint(k_delta, (), 1, 10), 0)
+    wrong = jnp.where(mistake == self.WRONG_ARGUMENT, episode.uniform_ints(u[0], 1, 10), 0)
     K = self.max_ops
     num = lambda x: T.render_int(x, v)
     # stepwise / memo: x op_j b_j with x the last result (a0 first).
@@ -174,5 +174,5 @@ class CalcChainEnv(episode.ToolEnv):
     oneshot = strategy == self.strategies.index("oneshot")
     main = tuple(jnp.where(oneshot, w, s) for w, s in zip(whole, single))
     return self._chain_script(
-        state, k_chain, tool=T.CALC, steps=jnp.where(oneshot, 1, inst.num_ops),
+        state, u[1], tool=T.CALC, steps=jnp.where(oneshot, 1, inst.num_ops),
         main_call=main, memo=strategy == self.strategies.index("memo"), mistake=mistake)

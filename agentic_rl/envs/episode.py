@@ -45,6 +45,17 @@ PyTree = Any
 CALL, ANSWER, STOP, CUT = range(4)
 
 
+def uniform_ints(u: jax.Array, low, high) -> jax.Array:
+  """int32 uniform in ``[low, high)`` from float ``u`` uniform in ``[0, 1)``.
+
+  Generators and scripts draw one ``jax.random.uniform`` vector and map it
+  with this: one PRNG call per function keeps its compiled program small.
+  """
+  low = jnp.asarray(low, jnp.int32)
+  span = jnp.asarray(high, jnp.int32) - low
+  return low + jnp.minimum((u * span).astype(jnp.int32), span - 1)
+
+
 def as_codec(tokenizer_or_codec) -> codec_lib.Codec:
   if isinstance(tokenizer_or_codec, codec_lib.Codec):
     return tokenizer_or_codec
@@ -152,7 +163,9 @@ class ToolEnv:
 
   Subclasses set ``name``, ``strategies`` and ``num_levels`` and implement
   ``_generate(key, level)`` (``level`` an int32 scalar, possibly traced),
-  ``prompt_text(instance)`` and ``_script(state, key, strategy, noise)``.
+  ``prompt_text(instance)`` and ``_script(state, u, strategy, mistake)``
+  (``u``: two uniforms in ``[0, 1)`` for the script's random choices;
+  ``mistake``: one of the mistake kinds below).
   Instances must have fields ``world`` (``tools.World``), ``answer`` and
   ``level`` (int32 scalars).
   """
@@ -322,10 +335,9 @@ class ToolEnv:
     """
     if isinstance(noise, (int, float)) and not 0.0 <= noise <= 1.0:
       raise ValueError(f"noise must be in [0, 1], got {noise}")
-    k_mistake, k_kind, k_script = jax.random.split(key, 3)
-    mistake = jax.random.uniform(k_mistake) < noise
-    kind = jnp.where(mistake, jax.random.randint(k_kind, (), 1, 4), 0)
-    return self._script(state, k_script, self.strategy_index(strategy), kind)
+    u = jax.random.uniform(key, (4,))
+    kind = jnp.where(u[0] < noise, uniform_ints(u[1], 1, 4), 0)
+    return self._script(state, u[2:], self.strategy_index(strategy), kind)
 
   # Mistake kinds passed to ``_script``.
   NO_MISTAKE, WRONG_ARGUMENT, MALFORMED_CALL, EARLY_ANSWER = range(4)
@@ -347,7 +359,7 @@ class ToolEnv:
     return T.call_action(tool, args, self.vocab, self.max_action_len,
                          with_name=mistake != self.MALFORMED_CALL)
 
-  def _chain_script(self, state: EpisodeState, key: jax.Array, *, tool: int, steps,
+  def _chain_script(self, state: EpisodeState, u: jax.Array, *, tool: int, steps,
                     main_call: tuple[jax.Array, jax.Array], memo, mistake,
                     ) -> tuple[jax.Array, jax.Array]:
     """A script that makes ``steps`` successful calls of ``tool`` and answers
@@ -359,7 +371,7 @@ class ToolEnv:
     store_now = memo & (stores < done_steps)
     recall_now = memo & (done_steps >= steps) & (recalls == 0) & ~store_now
     answer_now = (done_steps >= steps) & ~store_now & ~recall_now
-    delta = jnp.where(mistake == self.WRONG_ARGUMENT, jax.random.randint(key, (), 1, 10), 0)
+    delta = jnp.where(mistake == self.WRONG_ARGUMENT, uniform_ints(u, 1, 10), 0)
     num = lambda x: T.render_int(x, self.vocab)
     store = self._call(T.STORE, [num(done_steps), (self.vocab.colon, None),
                                  num(state.last_value + delta)], mistake)

@@ -104,7 +104,8 @@ class MixtureEnv:
     members or a sequence with one per member."""
     levels = self._levels(difficulty)
     keys = jax.random.split(key, len(self.envs) + 1)
-    family = jax.random.categorical(keys[0], jnp.log(jnp.asarray(self.weights, jnp.float32)))
+    cumulative = jnp.asarray(np.cumsum(self.weights)[:-1], jnp.float32)
+    family = jnp.sum(jax.random.uniform(keys[0]) >= cumulative)
     members = tuple(e.generate(k, d) for e, k, d in zip(self.envs, keys[1:], levels))
     return MixtureInstance(family=family.astype(jnp.int32), members=members)
 

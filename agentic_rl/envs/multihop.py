@@ -81,17 +81,17 @@ class MultiHopEnv(episode.ToolEnv):
     N = self.max_entries
     hops = jnp.asarray(self._hops)[level]
     entries = jnp.asarray(self._entries)[level]
-    k_nodes, k_shuffle, k_next, k_order = jax.random.split(key, 4)
+    u_nodes, u_shuffle, u_next, u_order = jax.random.uniform(key, (4, N))
     # N distinct ids: one uniform draw per stratum of the id range, shuffled.
     width = NUM_NODES // N
     i = jnp.arange(N)
-    nodes = FIRST_NODE + i * width + jax.random.randint(k_nodes, (N,), 0, width)
-    nodes = jax.random.permutation(k_shuffle, nodes)
+    nodes = FIRST_NODE + i * width + episode.uniform_ints(u_nodes, 0, width)
+    nodes = nodes[jnp.argsort(u_shuffle)]
     # Path nodes[0] -> nodes[1] -> ... -> nodes[hops]; every other row
     # (nodes[hops] included) points to a different random node.
-    other = (i + 1 + jax.random.randint(k_next, (N,), 0, entries - 1)) % entries
+    other = (i + 1 + episode.uniform_ints(u_next, 0, entries - 1)) % entries
     values = jnp.where(i < hops, nodes[jnp.minimum(i + 1, N - 1)], nodes[other])
-    order = jnp.argsort(jnp.where(i < entries, jax.random.uniform(k_order, (N,)), 2.0))
+    order = jnp.argsort(jnp.where(i < entries, u_order, 2.0))
     world = tools.World(
         table_keys=jnp.where(i < entries, nodes[order], 0).astype(jnp.int32),
         table_values=jnp.where(i < entries, values[order], 0).astype(jnp.int32),
@@ -104,16 +104,15 @@ class MultiHopEnv(episode.ToolEnv):
     hops = int(instance.hops)
     return f"Start at {int(instance.start)}; follow {hops} hop{'s' if hops > 1 else ''}."
 
-  def _script(self, state, key, strategy, mistake):
+  def _script(self, state, u, strategy, mistake):
     inst = state.instance
-    k_wrong, k_chain = jax.random.split(key)
     table = inst.world
     # A wrong argument looks up another node of the table (a wrong turn).
-    wrong = table.table_keys[jax.random.randint(k_wrong, (), 0, table.table_size)]
+    wrong = table.table_keys[episode.uniform_ints(u[0], 0, table.table_size)]
     first = state.tool_successes[T.LOOKUP] == 0
     node = jnp.where(first, inst.start, state.last_value)
     node = jnp.where(mistake == self.WRONG_ARGUMENT, wrong, node)
     call = self._call(T.LOOKUP, [T.render_int(node, self.vocab)], mistake)
-    return self._chain_script(state, k_chain, tool=T.LOOKUP, steps=inst.hops,
+    return self._chain_script(state, u[1], tool=T.LOOKUP, steps=inst.hops,
                               main_call=call, memo=strategy == self.strategies.index("memo"),
                               mistake=mistake)
