@@ -101,6 +101,7 @@ def main(argv):
   import torch  # pylint: disable=import-outside-toplevel
   B, N, L = _BATCH.value, _NEW.value, _PROMPT.value
   T = L + N
+  load_start = os.getloadavg()[0]
   config = model_lib.TransformerConfig.llama_10m()
   hf = _hf_model(config, _SEED.value)
   with tempfile.TemporaryDirectory() as tmp:
@@ -166,6 +167,8 @@ def main(argv):
       "jax": jax.__version__, "torch": torch.__version__,
       "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
       "machine": platform.machine(),
+      # Other jobs on a shared CPU slow every contender (not equally).
+      "load_avg_1m": [load_start, os.getloadavg()[0]],
   }
   result["engine_vs_hf_generate"] = (result["engine_tokens_per_s"]
                                      / result["hf_generate_tokens_per_s"])
@@ -173,7 +176,8 @@ def main(argv):
                                   / result["no_cache_tokens_per_s"])
   print(f"model {num_params / 1e6:.2f}M params, batch {B}, {N} new tokens, "
         f"prompt {L}, {jax.default_backend()} (max |logit diff| vs HF "
-        f"{logit_diff:.1e})")
+        f"{logit_diff:.1e}; load average {load_start:.1f} -> "
+        f"{os.getloadavg()[0]:.1f})")
   print(f"{'contender':<14}{'tokens/s':>12}{'x engine':>10}")
   for name in ("engine", "no_cache", "hf_generate"):
     rate = result[f"{name}_tokens_per_s"]

@@ -156,7 +156,7 @@ def test_sampled_stop_ends_a_single_turn_episode(setup):
 
 
 def test_engine_config_errors(setup):
-  codec, config, _ = setup
+  codec, config, params = setup
   sampling = rollout.SamplingConfig()
   with pytest.raises(ValueError, match="group size 3 does not divide the batch size 4"):
     rollout.RolloutEngine(config, sampling, codec.ids, batch_size=4, group_size=3)
@@ -168,6 +168,15 @@ def test_engine_config_errors(setup):
   with pytest.raises(ValueError, match="format ids"):
     rollout.RolloutEngine(config, sampling, None, env=EchoEnv(codec.ids),
                           batch_size=1)
+  engine = rollout.RolloutEngine(config, rollout.SamplingConfig(max_total_tokens=8),
+                                 codec.ids, batch_size=1)
+  prompt = (np.array([[2, 5]]), [2], None)
+  with pytest.raises(ValueError, match="key must be one PRNG key"):
+    engine.rollout(params, *prompt, 0, 0)
+  with pytest.raises(ValueError, match="version must be an int"):
+    engine.rollout(params, *prompt, jax.random.key(0), 0.5)
+  with pytest.raises(ValueError, match=r"token ids must be in \[0, 512\)"):
+    engine.rollout(params, np.array([[2, 600]]), [2], None, jax.random.key(0), 0)
   small = model_lib.TransformerConfig.tiny(vocab_size=8)
   with pytest.raises(ValueError, match="outside the model's vocabulary"):
     rollout.RolloutEngine(small, sampling, codec.ids, batch_size=1)

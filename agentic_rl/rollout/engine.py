@@ -51,6 +51,24 @@ def _check_int(name: str, value, low: int = 1):
     raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
 
 
+def check_key(key) -> jax.Array:
+  """ValueError unless ``key`` is one PRNG key (typed, or legacy uint32[2])."""
+  key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+  typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+  if not (typed and key.shape == ()) and not (
+      key.dtype == jnp.uint32 and key.shape == (2,)):
+    raise ValueError(f"key must be one PRNG key (jax.random.key or PRNGKey), "
+                     f"got {key.dtype} {key.shape}")
+  return key
+
+
+def check_version(version) -> jax.Array:
+  """The policy version as an int32 scalar; ValueError unless a Python int."""
+  if not isinstance(version, (int, np.integer)) or isinstance(version, bool):
+    raise ValueError(f"version must be an int, got {version!r}")
+  return jnp.int32(version)
+
+
 def _batch_size(tree: PyTree) -> set[int]:
   return {jnp.shape(x)[0] if jnp.ndim(x) else -1 for x in jax.tree.leaves(tree)}
 
@@ -120,13 +138,16 @@ class RolloutEngine:
       version: int policy version recorded on every policy token.
       script_PxS / script_len_P: optional policy tokens to force instead of
         sampling (a scripted policy: actions, stop ids included, back to
-        back; sampling resumes after the script).
+        back; sampling resumes after the script). Scripted tokens have loss
+        mask 1 and record their log-prob under the sampling distribution
+        (``-inf`` if top-k/top-p excludes them).
     Returns:
       :class:`Rollout` with ``B = P * G`` rows, prompt-major.
     """
     args = self._check_inputs(prompts_PxL, prompt_len_P, instances_P,
                               script_PxS, script_len_P)
-    return self._rollout_jit(params, *args, key, jnp.int32(version),
+    return self._rollout_jit(params, *args, check_key(key),
+                             check_version(version),
                              prefill_len=int(np.shape(prompts_PxL)[1]))
 
   def init_state(self, prompts_PxL, prompt_len_P, instances_P, key, *,
@@ -134,7 +155,7 @@ class RolloutEngine:
     """Fresh episodes (prompts written, environments reset), not yet run."""
     args = self._check_inputs(prompts_PxL, prompt_len_P, instances_P,
                               script_PxS, script_len_P)
-    return self._init_jit(*args, key)
+    return self._init_jit(*args, check_key(key))
 
   def resume(self, params, state: RolloutState, version, *,
              max_steps: int | None = None) -> RolloutState:
@@ -151,7 +172,7 @@ class RolloutEngine:
     steps = self.max_len if max_steps is None else max_steps
     longest = int(np.max(np.asarray(state.cur_B))) + 1
     prefill_len = min(self.max_len, 1 << max(longest - 1, 1).bit_length())
-    return self._advance_jit(params, state, jnp.int32(version),
+    return self._advance_jit(params, state, check_version(version),
                              jnp.int32(steps), prefill_len=prefill_len)
 
   def refill(self, state: RolloutState, fresh: RolloutState,
@@ -180,6 +201,7 @@ class RolloutEngine:
           f"got {prompts_PxL.shape[0]} prompts; batch size {self.batch_size} "
           f"with group size {self.group_size} takes {P}")
     L = prompts_PxL.shape[1]
+    model_lib.transformer.check_tokens(prompts_PxL, self.model_config.vocab_size, 2)
     if L >= T:
       raise ValueError(f"prompts of {L} tokens do not fit in the KV cache of "
                        f"max_total_tokens={T} (need at least one free slot)")
@@ -207,6 +229,7 @@ class RolloutEngine:
         or script_len_P.shape != (P,):
       raise ValueError(f"script must be [{P}, S] with lengths [{P}], got "
                        f"{script_PxS.shape} and {script_len_P.shape}")
+    model_lib.transformer.check_tokens(script_PxS, self.model_config.vocab_size, 2)
     return prompts_PxL.astype(jnp.int32), prompt_len_P, instances_P, \
         script_PxS, script_len_P
 

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentic_rl import model as model_lib
-from agentic_rl.rollout.engine import new_state, run_loop
+from agentic_rl.rollout.engine import check_key, check_version, new_state, run_loop
 from agentic_rl.rollout.sampling import SamplingConfig
 from agentic_rl.rollout.types import Rollout, RolloutState
 from agentic_rl.text.codec import Codec, Message, frame_observation, pad_batch
@@ -88,6 +88,7 @@ class HostLoop:
     is empty and ``call_hashes_BxC`` is -1 (the text protocol has neither).
     """
     B, T = self.batch_size, self.sampling.max_total_tokens
+    check_version(version)
     if len(envs) != B or len(seeds) != B:
       raise ValueError(f"need {B} environments and seeds, got {len(envs)} and "
                        f"{len(seeds)}")
@@ -101,7 +102,7 @@ class HostLoop:
     script_width = self.sampling.max_new_tokens_per_turn
     state = new_state(
         jnp.asarray(pad_batch(prompts, T, self.ids.pad)),
-        jnp.asarray([len(p) for p in prompts], jnp.int32), key, max_len=T,
+        jnp.asarray([len(p) for p in prompts], jnp.int32), check_key(key), max_len=T,
         max_turns=self.sampling.max_turns, pad_id=self.ids.pad,
         queue_width=self.max_obs_tokens + 2,
         script_BxS=jnp.zeros((B, script_width), jnp.int32),
@@ -113,7 +114,7 @@ class HostLoop:
         self._script(host, b, actor(b, obs))
       state = jax.tree.map(jnp.asarray, host)
     cache = self._prefill(params, state.tokens_BxT)
-    version = jnp.int32(version)
+    version = check_version(version)
     while True:
       state, cache = self._segment(params, state, cache, version)
       host = jax.tree.map(np.array, state)
