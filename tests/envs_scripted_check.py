@@ -11,8 +11,8 @@ import numpy as np
 from agentic_rl.envs import prompts
 from agentic_rl.envs import scripted
 
-B = 250  # episodes per batch
-N = 1000  # instances per level and strategy
+B = 256  # episodes per batch (a power of two: demonstrations() pads to one)
+N = 1024  # instances per level and strategy
 
 
 def instances(env, seed: int, level: int, n: int = B):

@@ -52,23 +52,27 @@ def test_registry(codec, mix):
     mix.strategy_index("stepwise")
 
 
-def test_families_follow_the_weights(mix):
-  generate = jax.jit(jax.vmap(lambda k, d0, d1: mix.generate(k, (d0, d1)),
-                              in_axes=(0, None, None)))
+@pytest.fixture(scope="module")
+def generate(mix):
+  """4000 mixture instances; one difficulty per member."""
+  fn = jax.jit(jax.vmap(lambda k, d0, d1: mix.generate(k, (d0, d1)), in_axes=(0, None, None)))
   keys = jax.random.split(jax.random.key(0), 4000)
-  inst = generate(keys, 1, 1)
+  return lambda d0, d1: fn(keys, d0, d1)
+
+
+def test_families_follow_the_weights(mix, generate):
+  inst = generate(1, 1)
   assert abs(float(jnp.mean(inst.family == 0)) - 0.75) < 0.03
-  # One difficulty per member.
-  inst = generate(keys, 0, 4)
+  inst = generate(0, 4)
   assert (inst.members[0].level == 0).all() and (inst.members[1].level == 4).all()
   with pytest.raises(ValueError, match="difficulties"):
     mix.generate(jax.random.key(1), (0, 1, 2))
 
 
-def test_mixed_batch_dispatches_by_family(mix, codec):
-  keys = jax.random.split(jax.random.key(2), B)
-  insts = jax.jit(jax.vmap(lambda k: mix.generate(k, 1)))(keys)
+def test_mixed_batch_dispatches_by_family(mix, codec, generate):
+  insts = jax.tree.map(lambda x: x[:B], generate(1, 1))
   insts = insts.replace(family=jnp.arange(B, dtype=jnp.int32) % 2)  # both families
+  keys = jax.random.split(jax.random.key(2), B)
   traj = scripted.batch_rollouts(mix, insts, keys, strategy=0)
   totals = scripted.episode_returns(traj)
   np.testing.assert_array_equal(totals["outcome"], 1.0)

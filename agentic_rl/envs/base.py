@@ -61,11 +61,17 @@ class StepOutput:
 
 
 class JaxEnv(Protocol):
-  """A task family runnable inside ``jax.jit`` (see the module docstring)."""
+  """A task family runnable inside ``jax.jit`` (see the module docstring).
+
+  ``max_turns`` is the number of actions after which the episode is
+  truncated; ``codec`` is the conversation codec its token ids belong to.
+  """
 
   name: str
   max_obs_len: int
   max_action_len: int
+  max_turns: int
+  codec: Any
 
   def generate(self, key: jax.Array, difficulty: int) -> PyTree:
     ...
@@ -78,4 +84,22 @@ class JaxEnv(Protocol):
 
   def step(self, state: PyTree, action_A: jax.Array,
            action_len: jax.Array) -> tuple[PyTree, StepOutput]:
+    ...
+
+
+class ScriptedEnv(JaxEnv, Protocol):
+  """A ``JaxEnv`` with scripted reference policies (for SFT data and tests).
+
+  ``reference_action`` is jittable and vmappable; ``strategy`` is a name from
+  ``strategies`` or an index (traced allowed), ``noise`` the per-action
+  mistake probability. ``strategy_index`` normalises a strategy argument.
+  """
+
+  strategies: tuple
+
+  def strategy_index(self, strategy) -> jax.Array:
+    ...
+
+  def reference_action(self, state: PyTree, key: jax.Array, strategy=0,
+                       noise=0.0) -> tuple[jax.Array, jax.Array]:
     ...

@@ -75,7 +75,7 @@ class EpisodeState:
     turn: int32 actions taken.
     tool_calls, malformed_calls, tool_errors, policy_tokens: int32 counters.
     tool_successes: int32 ``[len(TOOLS)]`` successful calls per tool.
-    last_value: int32 the last numeric tool result (``has_last_value``).
+    last_value: int32 the last numeric tool result (0 before any).
     strategy_hash: int32 running hash of the sequence of valid calls.
     done, truncated: bool.
   """
@@ -90,7 +90,6 @@ class EpisodeState:
   policy_tokens: jax.Array
   tool_successes: jax.Array
   last_value: jax.Array
-  has_last_value: jax.Array
   strategy_hash: jax.Array
   done: jax.Array
   truncated: jax.Array
@@ -102,8 +101,6 @@ class ParsedAction:
 
   kind: jax.Array        # CALL, ANSWER, STOP or CUT
   tagged: jax.Array      # the matching open tag exists
-  content: jax.Array     # tokens between the tags
-  content_len: jax.Array
   tool: jax.Array        # index into TOOLS, -1 if the first token is not one
   has_name: jax.Array    # the content has a non-space token
   args: tools.Args       # a call: the tokens after the tool name; an answer:
@@ -142,8 +139,7 @@ def parse_action(vocab: T.Vocab, action_A: jax.Array, action_len: jax.Array) -> 
   args = _shift(content, skip, args_len, ids.pad)
   args_cls, args_digit = vocab.classes(args)
   args_cls = jnp.where(pos < args_len, args_cls, T.PAD)
-  return ParsedAction(kind=kind, tagged=tagged, content=content, content_len=content_len,
-                      tool=tool, has_name=has_name,
+  return ParsedAction(kind=kind, tagged=tagged, tool=tool, has_name=has_name,
                       args=tools.read_args(args, args_cls, args_digit))
 
 
@@ -230,7 +226,7 @@ class ToolEnv:
         opened=jnp.zeros(instance.world.boxes.shape, bool), turn=z, tool_calls=z,
         malformed_calls=z, tool_errors=z, policy_tokens=z,
         tool_successes=jnp.zeros((len(T.TOOLS),), jnp.int32), last_value=z,
-        has_last_value=f, strategy_hash=z, done=f, truncated=f)
+        strategy_hash=z, done=f, truncated=f)
 
   def step(self, state: EpisodeState, action_A: jax.Array, action_len: jax.Array,
            ) -> tuple[EpisodeState, StepOutput]:
@@ -268,7 +264,6 @@ class ToolEnv:
         tool_successes=state.tool_successes.at[jnp.maximum(p.tool, 0)].add(
             call_ok.astype(jnp.int32)),
         last_value=jnp.where(has_value, res.value, state.last_value),
-        has_last_value=state.has_last_value | has_value,
         strategy_hash=jnp.where(valid, tools.hash_ints(
             jnp.stack([state.strategy_hash, call_hash]), jnp.ones((2,), bool)),
                                 state.strategy_hash),

@@ -109,10 +109,16 @@ def demonstration(env, instance: PyTree, key: jax.Array, *, strategy=0,
 def demonstrations(env, instances: PyTree, key: jax.Array, *, strategy=0,
                    noise: float = 0.0) -> list[list[codec_lib.Message]]:
   """:func:`demonstration` for a batch of instances (leading axis), in one
-  jitted rollout."""
+  jitted rollout. Episode ``i`` uses ``jax.random.split(key, n)[i]``; the
+  batch is padded to a power of two, so nearby sizes share one compile."""
   n = jax.tree.leaves(instances)[0].shape[0]
-  trajs = jax.tree.map(np.asarray, batch_rollouts(
-      env, instances, jax.random.split(key, n), strategy, noise))
+  if n == 0:
+    return []
+  size = max(8, 1 << (n - 1).bit_length())
+  padded = jax.tree.map(lambda x: np.concatenate([x, np.repeat(x[-1:], size - n, 0)]),
+                        jax.tree.map(np.asarray, instances))
+  keys = jnp.concatenate([jax.random.split(key, n), jax.random.split(key, size - n)])
+  trajs = jax.tree.map(np.asarray, batch_rollouts(env, padded, keys, strategy, noise))
   pick = lambda tree, i: jax.tree.map(lambda x: x[i], tree)
   return [env.codec.decode(trajectory_ids(env, pick(instances, i), pick(trajs, i)))
           for i in range(n)]

@@ -27,11 +27,6 @@ from agentic_rl.envs import tokens as T
 
 MAX_INT = T.MAX_INT
 
-# Operator-stack codes of the calculator and their precedence.
-_ADD, _SUB, _MUL, _DIV, _NEG, _POS, _LPAREN = range(1, 8)
-_PREC = np.array([0, 1, 1, 2, 2, 3, 3, 0], np.int32)
-_NO_REDUCE = 99  # minimum precedence that reduces nothing
-
 
 @struct.dataclass
 class World:
@@ -212,7 +207,8 @@ def calculate(cls_A: jax.Array, digit_A: jax.Array) -> tuple[jax.Array, jax.Arra
   Returns:
     ``(value, status)``: int32 ``[]`` each; value is 0 unless status is OK.
   """
-  D = (cls_A.shape[0] + 1) // 2 + 1  # each level takes at least two tokens
+  # A well-formed expression nests at most (A - 1) // 2 levels deep.
+  D = (cls_A.shape[0] + 1) // 2 + 1
   zero = jnp.zeros((), jnp.int32)
   f = jnp.zeros((), bool)
   s = _Calc(regs=_Regs(*(zero,) * 5), stack=_Regs(*(jnp.zeros((D,), jnp.int32),) * 5),
