@@ -68,6 +68,7 @@ def reference(text: str) -> tuple[int, int]:
   wins, a syntax error over everything.
   """
   src = re.sub(r"\d+", lambda m: str(int(m.group())), text).replace("/", "//")
+  src = src.strip()  # ast.parse reads leading spaces as an indent
   try:
     tree = ast.parse(src, mode="eval").body
   except SyntaxError:
@@ -112,6 +113,7 @@ def test_reference_itself():
   assert reference("2*3+4") == (10, T.OK)
   assert reference("-7/2") == (-4, T.OK)
   assert reference("007+1") == (8, T.OK)
+  assert reference(" 0 ") == (0, T.OK)
   assert reference("1/0") == (0, T.DIV_ZERO)
   assert reference("2147483647+1") == (0, T.OVERFLOW)
   assert reference("()") == (0, T.MALFORMED)
