@@ -12,6 +12,7 @@ from agentic_rl import rollout
 from agentic_rl.envs import prompts as prompts_lib
 from agentic_rl.envs import scripted
 from agentic_rl.envs.calc_chain import CalcLevel
+from agentic_rl.model import scoring
 from agentic_rl.text import default_codec, pad_batch
 
 P, G = 2, 2
@@ -122,9 +123,7 @@ def _tool_calls(codec, *calls):
 def _learner_and_entropy(params, tokens_BxT):
   config = model_lib.TransformerConfig.tiny(vocab_size=512)
   logp = rollout.learner_logprobs(params, tokens_BxT, config, SAMPLING)
-  logits = model_lib.forward(params, tokens_BxT, config)
-  ent = rollout.entropy_of(jax.nn.log_softmax(logits[:, :-1]))
-  return logp, jnp.pad(ent, ((0, 0), (1, 0)))
+  return logp, scoring.sequence_logprobs(params, tokens_BxT, config)[1]
 
 
 def test_behaviour_logprobs_equal_the_learner_recompute(setup):
