@@ -60,17 +60,27 @@ class CountdownEnv:
     return f"now {self.n}", 0.1, False
 
 
-def test_scripted_actor_and_cache_across_turns(codec, model, loop):
+def test_scripted_actor_and_cache_across_turns(codec, model, loop, monkeypatch):
   config, params = model
   envs = [CountdownEnv(), CountdownEnv()]
-  counters = {}
+  calls = {"prefill": 0, "segment": 0}
+
+  def counted(name, fn):
+    def wrapped(*args):
+      calls[name] += 1
+      return fn(*args)
+    return wrapped
+
+  monkeypatch.setattr(loop, "_prefill", counted("prefill", loop._prefill))
+  monkeypatch.setattr(loop, "_segment", counted("segment", loop._segment))
 
   def actor(row, obs):
     n = int(re.findall(r"\d+", obs)[-1])
-    counters[row] = n
     return f"<answer>{n - 1}</answer>"
 
   out = loop.run(params, envs, [0, 1], jax.random.key(1), 7, actor=actor)
+  # One prefill; then one jitted segment per turn of the longest episode.
+  assert calls == {"prefill": 1, "segment": 3}
   # Countdowns from 2 and 3 take 2 and 3 actions, each an answer "n-1".
   assert [e.actions for e in envs] == [
       ["<answer>1</answer>", "<answer>0</answer>"],

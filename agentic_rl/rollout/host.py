@@ -118,11 +118,11 @@ class HostLoop:
     while True:
       state, cache = self._segment(params, state, cache, version)
       host = jax.tree.map(np.array, state)
-      if host.ended_B.all():
-        return state.to_rollout()
       for b in np.flatnonzero(host.awaiting_B):
         self._env_step(host, b, envs[b], actor)
       state = jax.tree.map(jnp.asarray, host)
+      if host.ended_B.all():
+        return state.to_rollout()
 
   # ------------------------------------------------------------------ device
   def _prefill_impl(self, params, tokens_BxT):
