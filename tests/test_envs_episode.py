@@ -119,6 +119,7 @@ def test_calls_then_correct_answer(env, step, codec, instance):
     ("<tool_call>open 9</tool_call>", "error: no such box"),
     ("<tool_call>calc 1/0</tool_call>", "error: division by zero"),
     ("<tool_call>recall 5</tool_call>", "error: not found"),
+    ("<tool_call>open 99999999999</tool_call>", "error: overflow"),
 ])
 def test_bad_calls_return_errors_and_continue(env, step, codec, instance, text, message):
   state, (o1, o2) = _play(env, step, codec, instance, [text, "<answer>3</answer>"])
@@ -132,6 +133,15 @@ def test_bad_calls_return_errors_and_continue(env, step, codec, instance, text, 
   assert float(o2.reward_components["outcome"]) == 1.0
   assert float(o2.reward_components["format"]) == (0.0 if syntax else 1.0)
   assert int(state.tool_errors) == 1 and int(state.malformed_calls) == int(syntax)
+
+
+def test_out_of_vocabulary_ids_are_unknown_tools(env, step, codec, instance):
+  ids = codec.ids
+  for bad in (-1, codec.tokenizer.vocab_size, 10**6):
+    action = jnp.zeros((A,), jnp.int32).at[:3].set(
+        jnp.array([ids.tool_call_open, bad, ids.tool_call_close]))
+    _, out = step(env.reset(instance), action, jnp.int32(3))
+    assert _obs(codec, out) == "error: unknown tool" and bool(out.info["format_error"])
 
 
 def test_other_tools_inside_an_episode(env, step, codec, instance):
@@ -216,9 +226,10 @@ B = 64  # batch of the vmapped tests (one compiled shape)
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _random_actions(key, vocab_size, ids):
-  """Uniformly random tokens, random lengths; the last token usually a stop id."""
+  """Uniformly random tokens (a few out of the vocabulary), random lengths;
+  the last token usually a stop id."""
   k1, k2, k3, k4 = jax.random.split(key, 4)
-  tokens = jax.random.randint(k1, (B, A), 0, vocab_size)
+  tokens = jax.random.randint(k1, (B, A), -4, vocab_size + 4)
   length = jax.random.randint(k2, (B,), 1, A + 1)
   stops = jnp.asarray([ids.tool_call_close, ids.answer_close, ids.end])
   last = stops[jax.random.randint(k3, (B,), 0, 3)]

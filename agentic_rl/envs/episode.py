@@ -133,7 +133,7 @@ def parse_action(vocab: T.Vocab, action_A: jax.Array, action_len: jax.Array) -> 
   word = (cls != T.SPACE) & (pos < content_len)
   first = jnp.argmax(word)
   has_name = word.any()
-  tool = jnp.where(has_name, jnp.asarray(vocab.tool_index)[content[first]], -1)
+  tool = jnp.where(has_name, vocab.tool_of(content[first]), -1)
   skip = jnp.where(kind == CALL, first + 1, 0)
   args_len = jnp.where(has_name | (kind != CALL), content_len - skip, 0)
   args = _shift(content, skip, args_len, ids.pad)

@@ -96,6 +96,11 @@ class Vocab:
     cls = jnp.where(inside, jnp.asarray(self.token_class)[safe], OTHER)
     return cls, jnp.asarray(self.digit_value)[safe]
 
+  def tool_of(self, tokens: jax.Array) -> jax.Array:
+    """Index into ``TOOLS`` of token ids (any shape), -1 for other ids."""
+    inside = (tokens >= 0) & (tokens < self.size)
+    return jnp.where(inside, jnp.asarray(self.tool_index)[jnp.where(inside, tokens, 0)], -1)
+
 
 def build_vocab(codec: codec_lib.Codec) -> Vocab:
   """Builds the tables; ValueError if a reserved piece is missing."""
