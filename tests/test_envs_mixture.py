@@ -50,6 +50,8 @@ def test_registry(codec, mix):
     E.MixtureEnv([])
   with pytest.raises(ValueError, match="index"):
     mix.strategy_index("stepwise")
+  with pytest.raises(ValueError, match="needs a tokenizer"):
+    E.MixtureEnv([E.BoxesEnv(None)])
 
 
 @pytest.fixture(scope="module")

@@ -75,8 +75,9 @@ class MixtureEnv:
       raise ValueError(f"got {len(weights)} weights for {len(envs)} environments")
     if any(not math.isfinite(w) or w < 0 for w in weights) or sum(weights) <= 0:
       raise ValueError(f"weights must be finite, >= 0 and not all 0, got {weights}")
-    pads = {e.codec.ids.pad for e in envs}
-    if len(pads) != 1:
+    if any(e.codec is None for e in envs):
+      raise ValueError("every member of a MixtureEnv needs a tokenizer")
+    if len({e.codec.tokenizer.sp.serialized_model_proto() for e in envs}) != 1:
       raise ValueError("member environments use different tokenizers")
     self.envs = envs
     self.names = tuple(e.name for e in envs)
