@@ -13,8 +13,10 @@ Multi-host (one process per host, e.g. two hosts):
       --num_processes=2 --process_id=0   # and --process_id=1 on the other
 """
 
+import importlib.util
 import json
 import os
+import sys
 
 from absl import app
 from absl import flags
@@ -46,5 +48,36 @@ def main(argv):
   print(json.dumps(summary, indent=1, sort_keys=True))
 
 
+def _unknown_override(argv) -> str | None:
+  """Names the first ``--config.a.b=...`` override whose key does not exist,
+  with the valid keys at that level (ml_collections only suggests one)."""
+  spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")),
+              _CONFIG.default if isinstance(_CONFIG.default, str) else None)
+  path, _, arg = (spec or "").partition(":")
+  if not path or not os.path.exists(path):
+    return None
+  module_spec = importlib.util.spec_from_file_location("_config", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  cfg = module.get_config(arg) if arg else module.get_config()
+  for a in argv:
+    if not a.startswith("--config."):
+      continue
+    node, parts = cfg, a[len("--config."):].split("=", 1)[0].split(".")
+    for i, part in enumerate(parts):
+      if not hasattr(node, "keys") or part not in node:
+        where = ".".join(["config"] + parts[:i])
+        valid = sorted(node.keys()) if hasattr(node, "keys") else []
+        return f"unknown config key {where}.{part}; valid keys of {where}: {valid}"
+      node = node[part]
+  return None
+
+
 if __name__ == "__main__":
-  app.run(main)
+  try:
+    app.run(main)
+  except AttributeError as e:
+    message = _unknown_override(sys.argv[1:])
+    if message is None:
+      raise
+    raise SystemExit(message) from e

@@ -103,16 +103,17 @@ def build(cfg) -> Run:
 
 # ------------------------------------------------------------------ evaluation
 def evaluate(run: Run, params, key) -> dict[str, float]:
-  """Greedy success and sampled pass@k on the held-out test split."""
+  """Greedy success on ``num_prompts`` held-out test prompts, and pass@k from
+  ``pass_k`` samples (temperature 1) on the first ``pass_k_prompts``."""
   cfg = run.cfg
-  n, k, rows = cfg.eval.num_prompts, cfg.eval.pass_k, cfg.eval.batch_rows
-  ids = np.arange(n)
-  greedy = run.rollout(params, config_lib.sampling_config(cfg, greedy=True), "test", ids,
-                       key, 0, rows)
+  n, k, n_k, rows = (cfg.eval.num_prompts, cfg.eval.pass_k, cfg.eval.pass_k_prompts,
+                     cfg.eval.batch_rows)
+  greedy = run.rollout(params, config_lib.sampling_config(cfg, greedy=True), "test",
+                       np.arange(n), key, 0, rows)
   success = np.asarray(greedy.reward_components["outcome"]) > 0.5
-  sampled = run.rollout(params, config_lib.sampling_config(cfg), "test", np.repeat(ids, k),
-                        key, 0, rows)
-  success_PxK = np.asarray(sampled.reward_components["outcome"]).reshape(n, k) > 0.5
+  sampled = run.rollout(params, config_lib.sampling_config(cfg), "test",
+                        np.repeat(np.arange(n_k), k), key, 0, rows)
+  success_PxK = np.asarray(sampled.reward_components["outcome"]).reshape(n_k, k) > 0.5
   out = {"eval/success": float(success.mean())}
   out.update({k_: float(v) for k_, v in
               exploration.pass_at_k_metrics(success_PxK, k).items()})
@@ -307,8 +308,12 @@ def _restore_opt_state(optimizer, params, leaves):
   return jax.tree.unflatten(jax.tree.structure(target), leaves)
 
 
-def train(cfg, workdir: str) -> dict[str, Any]:
-  """Runs (or resumes) the configured stages; returns the summary."""
+def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]:
+  """Runs (or resumes) the configured stages; returns the summary.
+
+  ``stop_after`` ends the run after that many global steps with a checkpoint,
+  as an interruption would (the next call with the same ``workdir`` resumes).
+  """
   t_start = time.perf_counter()
   run = build(cfg)
   stages = [cfg[name] for name in cfg.stages]
@@ -326,13 +331,14 @@ def train(cfg, workdir: str) -> dict[str, Any]:
     summary = dict(meta["summary"])
     params = restored["params"]
     history = signal.PromptHistory(**restored["history"])
+    root_key = restored["rng"]
     print(f"resuming {workdir} at step {progress.global_step}")
   writer = metrics_lib.MetricsWriter(workdir, total, start_step=progress.global_step)
 
   def save(state: learner.TrainState, actors):
     tree = {"params": state.params, "opt_state": state.opt_state, "step": state.step,
             "actors": [a[0] for a in actors], "actor_versions": [a[1] for a in actors],
-            "history": dataclasses.asdict(history)}
+            "history": dataclasses.asdict(history), "rng": root_key}
     ckpt.save(progress.global_step, tree,
               {"progress": dataclasses.asdict(progress), "summary": summary})
 
@@ -341,6 +347,14 @@ def train(cfg, workdir: str) -> dict[str, Any]:
     writer.write(progress.global_step, record)
     progress.stage_step += 1
     progress.global_step += 1
+
+  def interrupted(state, actors) -> bool:
+    if stop_after is None or progress.global_step < stop_after:
+      return False
+    save(state, actors)
+    ckpt.close()
+    writer.close()
+    return True
 
   while progress.stage_index < len(stages):
     stage, name = stages[progress.stage_index], cfg.stages[progress.stage_index]
@@ -375,6 +389,8 @@ def train(cfg, workdir: str) -> dict[str, Any]:
           record.update(evaluate(run, state.params, stage_key))
           summary[f"{name}_success"] = summary["sft_success"] = record["eval/success"]
         log(record, t0)
+        if progress.stage_step < n_steps and interrupted(state, actors):
+          return summary
         if progress.stage_step % cfg.checkpoint.every == 0 and progress.stage_step < n_steps:
           save(state, actors)
     else:
@@ -403,6 +419,8 @@ def train(cfg, workdir: str) -> dict[str, Any]:
         record.update(invariants.alarm_metrics(invariants.check_alarms(
             record, dict(rl.signal_cfg.bands + rl.shift_cfg.bands))))
         log(record, t0)
+        if progress.stage_step < n_steps and interrupted(state, actors):
+          return summary
         if progress.stage_step % cfg.checkpoint.every == 0 and progress.stage_step < n_steps:
           save(state, actors)
     params = state.params

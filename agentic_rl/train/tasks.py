@@ -1,10 +1,8 @@
 """Task instances by split and index, rendered to prompt ids.
 
-Instances come from the environment's seeded generator: split ``s`` index ``i``
-is ``env.generate(fold_in(fold_in(key(seed), SPLIT_SALT[s]), i), difficulty)``.
-The salts keep the train, validation and test streams disjoint for a seed
-(the task datasets in ``agentic_rl.envs`` write the same instances to
-array_record files for random access from other tools).
+Instance ``i`` of a split is the environment's seeded stream
+(``agentic_rl.envs.splits``: the one definition, shared with the task
+datasets), so train, validation and test draw from disjoint key streams.
 """
 
 from __future__ import annotations
@@ -12,13 +10,11 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from agentic_rl.envs import prompts as prompts_lib
+from agentic_rl.envs import splits
 from agentic_rl.text import codec as codec_lib
-
-SPLIT_SALT = {"train": 0x7A11, "validation": 0x5A1D, "test": 0x7E57}
 
 
 class Tasks:
@@ -30,15 +26,9 @@ class Tasks:
     self.difficulty = difficulty
     self.prompt_len = prompt_len
 
-  def keys(self, split: str, ids: np.ndarray) -> jax.Array:
-    if split not in SPLIT_SALT:
-      raise ValueError(f"unknown split {split!r}; expected one of {sorted(SPLIT_SALT)}")
-    base = jax.random.fold_in(jax.random.key(self.seed), SPLIT_SALT[split])
-    return jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.asarray(ids, jnp.uint32))
-
   def instances(self, split: str, ids: np.ndarray):
     """Instance pytree with leading axis ``len(ids)``."""
-    return generate(self.env, self.keys(split, ids), self.difficulty)
+    return generate(self.env, splits.instance_keys(self.seed, split, ids), self.difficulty)
 
   def prompts(self, instances) -> tuple[np.ndarray, np.ndarray]:
     """``(prompts_NxL, prompt_len_N)``: the codec's prompt ids, right-padded."""

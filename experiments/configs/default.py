@@ -19,7 +19,7 @@ import ml_collections
 def _sft_stage() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       kind="sft",
-      steps=300,
+      steps=250,
       batch_size=32,
       learning_rate=3e-3,
       warmup_steps=20,
@@ -35,8 +35,8 @@ def _sft_stage() -> ml_collections.ConfigDict:
 def _rl_stage() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       kind="rl",
-      iterations=60,
-      prompts_per_step=16,
+      iterations=40,
+      prompts_per_step=8,
       group_size=8,
       advantage="grpo",
       advantage_kwargs=ml_collections.ConfigDict(dict(ddof=0)),
@@ -56,7 +56,6 @@ def _rl_stage() -> ml_collections.ConfigDict:
       temperature=1.0,
       top_k=0,
       top_p=1.0,
-      difficulty=-1,  # -1: the task section's difficulty
   ))
 
 
@@ -82,8 +81,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       test_size=256,
   ))
   c.sampling = ml_collections.ConfigDict(dict(
-      max_turns=6, max_new_tokens_per_turn=24, max_total_tokens=160))
-  c.eval = ml_collections.ConfigDict(dict(every=20, num_prompts=128, pass_k=4, batch_rows=128))
+      max_turns=6, max_new_tokens_per_turn=24, max_total_tokens=128))
+  c.eval = ml_collections.ConfigDict(dict(
+      every=20, num_prompts=128, pass_k=4, pass_k_prompts=16, batch_rows=64))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   c.micro_batches = 1
   c.checkpoint = ml_collections.ConfigDict(dict(every=20, keep=2))
@@ -104,6 +104,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.sft.update(steps=4, batch_size=8, num_demos=64)
     c.rl.update(iterations=3, prompts_per_step=4, group_size=2)
     c.tasks.update(train_size=256, test_size=16)
-    c.eval.update(every=2, num_prompts=8, pass_k=2, batch_rows=8)
+    c.eval.update(every=2, num_prompts=8, pass_k=2, pass_k_prompts=4, batch_rows=8)
     c.checkpoint.every = 2
   return c

@@ -1,0 +1,106 @@
+"""The trainer end to end: SFT then RL on a tiny config, resume, bad configs."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from agentic_rl.train import config as config_lib
+from agentic_rl.train import loop
+from agentic_rl.train import metrics as metrics_lib
+from experiments.configs import default
+
+REQUIRED = (
+    "reward/mean", "reward/outcome", "reward/format", "reward/efficiency", "eval/success",
+    "eval/pass_at_k", "explore/entropy", "explore/distinct_tool_seqs",
+    "explore/distinct_success_seqs", "signal/zero_variance_frac", "signal/adv_std",
+    "signal/effective_token_frac", "signal/grad_norm", "shift/staleness_mean",
+    "shift/staleness_max", "shift/is_ratio_mean", "shift/is_ratio_max", "shift/clip_frac",
+    "shift/logprob_mismatch_max", "shift/kl_behaviour_learner", "perf/rollout_tokens_per_s",
+    "perf/learner_tokens_per_s", "perf/step_s")
+
+
+def _cfg():
+  cfg = default.get_config("tiny")
+  cfg.rl.max_staleness = 1  # exercise the off-policy path and its checkpointed actors
+  return cfg
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("straight"))
+  summary = loop.train(_cfg(), workdir)
+  return workdir, summary
+
+
+def _comparable(records):
+  return [{k: v for k, v in r.items() if not k.startswith("perf/") and k != "wall_time"}
+          for r in records]
+
+
+def test_sft_then_rl_end_to_end(straight):
+  workdir, summary = straight
+  cfg = _cfg()
+  total = cfg.sft.steps + cfg.rl.iterations
+  assert summary["steps"] == total
+  for key in ("sft_success", "rl_success", "wall_s"):
+    assert key in summary
+  assert json.load(open(os.path.join(workdir, "summary.json")))["steps"] == total
+  records = metrics_lib.read_metrics(os.path.join(workdir, "metrics.jsonl"))
+  assert [r["step"] for r in records] == list(range(total))
+  rl = [r for r in records if r["stage"] == 1]
+  for key in REQUIRED:
+    assert key in rl[-1], key
+  for r in rl:
+    assert np.isfinite(r["loss"]) and r["train/skipped"] == 0
+    # The actor lags the learner by at most max_staleness updates.
+    assert r["shift/staleness_max"] <= cfg.rl.max_staleness * cfg.rl.updates_per_batch
+  assert any(r["shift/staleness_max"] > 0 for r in rl)
+  assert os.listdir(os.path.join(workdir, "tensorboard"))
+
+
+def test_resume_gives_the_same_metrics(straight, tmp_path):
+  workdir, _ = straight
+  want = _comparable(metrics_lib.read_metrics(os.path.join(workdir, "metrics.jsonl")))
+  half = _cfg().sft.steps + 1  # stop inside the RL stage
+  resumed = str(tmp_path)
+  loop.train(_cfg(), resumed, stop_after=half)
+  assert len(metrics_lib.read_metrics(os.path.join(resumed, "metrics.jsonl"))) == half
+  loop.train(_cfg(), resumed)
+  got = _comparable(metrics_lib.read_metrics(os.path.join(resumed, "metrics.jsonl")))
+  assert len(got) == len(want)
+  for g, w in zip(got, want):
+    assert g.keys() == w.keys()
+    for k in w:
+      np.testing.assert_allclose(g[k], w[k], rtol=1e-5, atol=1e-6, err_msg=f"{k} at {w['step']}")
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda c: setattr(c.rl, "group_size", 1), "group"),
+    (lambda c: setattr(c.rl, "loss", "ppo2"), "ppo2"),
+    (lambda c: setattr(c.rl, "advantage", "nope"), "nope"),
+    (lambda c: setattr(c, "micro_batches", 3), "micro_batches"),
+    (lambda c: setattr(c.tasks, "families", ("calc_chain", "chess")), "chess"),
+    (lambda c: setattr(c, "stages", ("sft", "rl2")), "rl2"),
+    (lambda c: setattr(c.mesh, "data", 3), "device"),
+])
+def test_bad_configs_fail_before_compiling(edit, match):
+  cfg = default.get_config("tiny")
+  edit(cfg)
+  with pytest.raises(ValueError, match=match):
+    config_lib.validate(cfg)
+
+
+def test_misspelt_override_lists_valid_keys():
+  out = subprocess.run(
+      [sys.executable, "-m", "experiments.train",
+       "--config=experiments/configs/default.py:tiny", "--config.rl.group_sise=4"],
+      capture_output=True, text=True, timeout=120,
+      cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  assert out.returncode != 0
+  assert "config.rl.group_sise" in out.stderr and "'group_size'" in out.stderr
+  with pytest.raises(ValueError, match="unknown config variant"):
+    default.get_config("tiny,bogus")
