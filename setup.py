@@ -29,6 +29,7 @@ setuptools.setup(
         "absl-py",
         "tensorflow-datasets",
         "array_record",
+        "importlib_resources",  # tensorflow-datasets imports it without declaring it
         "numpy",
         "tensorboardX",
         "safetensors",

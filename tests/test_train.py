@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+from agentic_rl import objectives
 from agentic_rl.train import config as config_lib
 from agentic_rl.train import loop
 from agentic_rl.train import metrics as metrics_lib
@@ -86,6 +87,9 @@ def test_resume_gives_the_same_metrics(straight, tmp_path):
     (lambda c: setattr(c.tasks, "families", ("calc_chain", "chess")), "chess"),
     (lambda c: setattr(c, "stages", ("sft", "rl2")), "rl2"),
     (lambda c: setattr(c.mesh, "data", 3), "device"),
+    (lambda c: setattr(c.rl, "advantage", "remax"), "remax"),
+    (lambda c: (setattr(c.rl, "advantage", "reinforce_pp"),
+                c.rl.signal.update(allocation="knapsack", knapsack_n_min=1)), "ragged"),
 ])
 def test_bad_configs_fail_before_compiling(edit, match):
   cfg = default.get_config("tiny")
@@ -104,3 +108,13 @@ def test_misspelt_override_lists_valid_keys():
   assert "config.rl.group_sise" in out.stderr and "'group_size'" in out.stderr
   with pytest.raises(ValueError, match="unknown config variant"):
     default.get_config("tiny,bogus")
+
+
+def test_group_advantages_equal_and_ragged_groups():
+  grpo = objectives.make_advantage_fn(objectives.ObjectiveConfig(advantage="grpo"))
+  rewards = np.array([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0], np.float32)
+  equal = loop.group_advantages(grpo, rewards, np.repeat([0, 1], 4), 2)
+  np.testing.assert_allclose(equal, np.asarray(grpo(rewards.reshape(2, 4))).reshape(-1))
+  ragged = loop.group_advantages(grpo, rewards, np.array([0, 0, 0, 1, 1, 1, 1, 1]), 2)
+  np.testing.assert_allclose(ragged[:3], np.asarray(grpo(rewards[None, :3]))[0])
+  np.testing.assert_allclose(ragged[3:], np.asarray(grpo(rewards[None, 3:]))[0])

@@ -20,6 +20,8 @@ from agentic_rl.train import sharding
 
 STAGE_KINDS = ("sft", "rl")
 OPTIMIZERS = ("adamw", "mirror_descent")
+# Estimators that normalise over the whole batch rather than within a group.
+GLOBAL_ESTIMATORS = ("reinforce_pp",)
 
 
 def _err(msg: str):
@@ -97,9 +99,18 @@ def validate(cfg) -> None:
     else:
       if stage.get("optimizer", "adamw") not in OPTIMIZERS:
         _err(f"config.{name}.optimizer is {stage.optimizer!r}; expected one of {OPTIMIZERS}")
+      if stage.advantage in ("remax", "rebn"):
+        _err(f"config.{name}.advantage={stage.advantage!r} needs inputs the trainer does not "
+             "collect yet (greedy-rollout rewards / per-turn rewards); use grpo, dr_grpo, "
+             "rloo, kimi, reinforce_pp or pass_at_k")
       objectives.validate_objective_config(objective_config(stage),
                                            group_size=stage.group_size)
       signal_config(stage).validate_group_size(stage.group_size)
+      if (signal_config(stage).allocation == "knapsack" and
+          stage.advantage in GLOBAL_ESTIMATORS):
+        _err(f"config.{name}: allocation='knapsack' makes ragged groups, which the "
+             f"batch-normalising estimator {stage.advantage!r} does not support; use a "
+             "group estimator (grpo, dr_grpo, rloo, kimi)")
       shift_config(stage)
       if stage.max_staleness < 0:
         _err(f"config.{name}.max_staleness must be >= 0, got {stage.max_staleness}")

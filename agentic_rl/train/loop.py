@@ -171,6 +171,23 @@ def _gather_rows(parts: list[Rollout], call: np.ndarray, row: np.ndarray) -> Rol
   return jax.tree.map(lambda x: x[flat], stacked)
 
 
+def group_advantages(adv_fn, rewards_B: np.ndarray, group_B: np.ndarray,
+                     num_groups: int) -> np.ndarray:
+  """Per-rollout advantages from a group estimator, for equal or ragged groups.
+
+  Rows are grouped by ``group_B`` (non-decreasing). Equal groups go through the
+  estimator as one ``[P, G]`` array; ragged groups (Knapsack budgets) one group
+  at a time, as ``[1, n_i]``, which is exact for every estimator that
+  normalises within a group.
+  """
+  sizes = np.bincount(group_B, minlength=num_groups)
+  if (sizes == sizes[0]).all():
+    return np.asarray(adv_fn(jnp.asarray(rewards_B.reshape(num_groups, -1)))).reshape(-1)
+  bounds = np.concatenate([[0], np.cumsum(sizes)])
+  return np.concatenate([np.asarray(adv_fn(jnp.asarray(rewards_B[a:b][None])))[0]
+                         for a, b in zip(bounds[:-1], bounds[1:])])
+
+
 @dataclasses.dataclass
 class RLStage:
   """The RL stage's compiled pieces and host-side state."""
@@ -235,8 +252,9 @@ def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_
   rewards, seq_weight = signal.shape_truncated(
       rl.signal_cfg, batch.reward_B, batch.truncated_B, batch.length_B)
   rewards, seq_weight = np.asarray(rewards), np.asarray(seq_weight)
-  adv_fn = objectives.make_advantage_fn(rl.objective)
-  advantages_B = np.asarray(adv_fn(jnp.asarray(rewards.reshape(P, G)))).reshape(-1)
+  advantages_B = group_advantages(objectives.make_advantage_fn(rl.objective), rewards,
+                                  sampled.group, sampled.num_groups)
+  groups = dict(group_B=jnp.asarray(sampled.group), num_groups=sampled.num_groups)
 
   t1 = time.perf_counter()
   tokens = jnp.asarray(batch.tokens_BxT)
@@ -259,10 +277,9 @@ def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_
   metrics = {"reward/mean": float(rewards.mean())}
   metrics.update({f"reward/{k}": float(np.mean(v)) for k, v in batch.reward_components.items()})
   metrics.update(exploration.exploration_metrics(
-      batch.entropy_BxT, batch.loss_mask_BxT, batch.call_hashes_BxC.reshape(P, G, -1),
-      success.reshape(P, G)))
-  metrics.update(signal.signal_metrics(success.reshape(P, G), advantages_B,
-                                       batch.loss_mask_BxT, loss_weight_BxT=weights))
+      batch.entropy_BxT, batch.loss_mask_BxT, batch.call_hashes_BxC, success, **groups))
+  metrics.update(signal.signal_metrics(success, advantages_B,
+                                       batch.loss_mask_BxT, loss_weight_BxT=weights, **groups))
   metrics.update(sampled.metrics)
   metrics.update(shift.shift_metrics(batch.loss_mask_BxT, batch.behaviour_logp_BxT,
                                      old_logp, batch.version_BxT, version))

@@ -53,6 +53,11 @@ def _rl_stage() -> ml_collections.ConfigDict:
       updates_per_batch=1,  # optimiser steps per rollout batch
       optimizer="adamw",  # adamw, or mirror_descent (reset state each iteration)
       max_staleness=0,  # 0 = synchronous on-policy
+      # Invariant controllers (agentic_rl.invariants): signal.allocation is
+      # uniform, dynamic (DAPO), ada (Reinforce-Ada) or knapsack; see
+      # SignalConfig and ShiftConfig for every field.
+      signal=ml_collections.ConfigDict(dict(allocation="uniform")),
+      shift=ml_collections.ConfigDict(dict(stale_mode="drop")),
       temperature=1.0,
       top_k=0,
       top_p=1.0,
