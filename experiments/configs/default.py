@@ -19,7 +19,7 @@ import ml_collections
 def _sft_stage() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       kind="sft",
-      steps=250,
+      steps=300,
       batch_size=32,
       learning_rate=3e-3,
       warmup_steps=20,
@@ -36,7 +36,7 @@ def _rl_stage() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       kind="rl",
       iterations=40,
-      prompts_per_step=8,
+      prompts_per_step=16,
       group_size=8,
       advantage="grpo",
       advantage_kwargs=ml_collections.ConfigDict(dict(ddof=0)),
@@ -86,9 +86,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       test_size=256,
   ))
   c.sampling = ml_collections.ConfigDict(dict(
-      max_turns=6, max_new_tokens_per_turn=24, max_total_tokens=128))
+      max_turns=6, max_new_tokens_per_turn=24, max_total_tokens=160))
   c.eval = ml_collections.ConfigDict(dict(
-      every=20, num_prompts=128, pass_k=4, pass_k_prompts=16, batch_rows=64))
+      every=20, num_prompts=128, pass_k=4, pass_k_prompts=32, batch_rows=128))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   c.micro_batches = 1
   c.checkpoint = ml_collections.ConfigDict(dict(every=20, keep=2))
