@@ -55,8 +55,10 @@ def _rl_stage() -> ml_collections.ConfigDict:
       max_staleness=0,  # 0 = synchronous on-policy
       # Invariant controllers (agentic_rl.invariants): signal.allocation is
       # uniform, dynamic (DAPO), ada (Reinforce-Ada) or knapsack; see
-      # SignalConfig and ShiftConfig for every field.
-      signal=ml_collections.ConfigDict(dict(allocation="uniform")),
+      # SignalConfig and ShiftConfig for every field. Dynamic sampling is the
+      # default: with uniform allocation two thirds of the groups carry no
+      # gradient on this task and RL stalls (README).
+      signal=ml_collections.ConfigDict(dict(allocation="dynamic")),
       shift=ml_collections.ConfigDict(dict(stale_mode="drop")),
       temperature=1.0,
       top_k=0,
