@@ -7,7 +7,6 @@ import numpy as np
 import optax
 import pytest
 
-from agentic_rl import kernels
 from agentic_rl import model as model_lib
 from agentic_rl import objectives
 from agentic_rl.model.scoring import sequence_logprobs

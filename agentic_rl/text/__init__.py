@@ -7,3 +7,6 @@ from agentic_rl.text.tokenizer import Tokenizer, load_tokenizer
 def default_codec() -> Codec:
   """The codec over the shipped tokenizer."""
   return Codec(load_tokenizer())
+
+__all__ = ["Codec", "Encoded", "FormatIds", "Message", "Tokenizer", "default_codec",
+           "frame_observation", "load_tokenizer", "pad_batch"]

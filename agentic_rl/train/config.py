@@ -8,7 +8,6 @@ that the model, sampler, objectives and invariant controllers take.
 
 from __future__ import annotations
 
-from typing import Any
 
 from agentic_rl import model as model_lib
 from agentic_rl import objectives
