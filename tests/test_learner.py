@@ -1,5 +1,7 @@
 """The learner step: micro-batch invariance, non-finite skipping, scoring path."""
 
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -36,6 +38,19 @@ def test_sequence_logprobs_match_log_softmax(impl):
   np.testing.assert_allclose(logp[:, 1:], want, atol=1e-5)
   np.testing.assert_allclose(ent[:, 1:], -(jnp.exp(full) * full).sum(-1)[:, :-1], atol=1e-5)
   assert (logp[:, 0] == 0).all() and (ent[:, 0] == 0).all()
+
+
+def test_array_temperature_scores_like_the_float():
+  """A scheduled temperature is traced data; it must score as the static float."""
+  params = model_lib.init_params(CFG, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 7), 0, CFG.vocab_size)
+  want = sequence_logprobs(params, tokens, CFG, temperature=0.7)
+  got = jax.jit(lambda t: sequence_logprobs(params, tokens, CFG, temperature=t))(
+      jnp.float32(0.7))
+  np.testing.assert_allclose(got, want, atol=1e-5)
+  capped = dataclasses.replace(CFG, final_logit_softcap=30.0)
+  with pytest.raises(ValueError, match="softcap"):
+    sequence_logprobs(params, tokens, capped, temperature=jnp.float32(0.7))
 
 
 @pytest.mark.parametrize("agg", objectives.AGG_MODES)

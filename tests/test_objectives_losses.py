@@ -234,6 +234,18 @@ def test_kl_penalty_and_entropy_bonus_in_the_loss():
   np.testing.assert_allclose(metrics["pg_loss"], -0.94, rtol=1e-6)
 
 
+def test_array_entropy_coef_under_jit_equals_the_float():
+  """An adaptive coefficient arrives as a traced scalar and changes nothing else."""
+  entropy = jnp.array([[1.0, 2.0, 9.0], [0.5, 0.5, 0.5]])
+  fn = get_policy_loss("ppo")
+  want, _ = fn(LOGP, OLD, ADV, MASK, entropy_BxT=entropy, entropy_coef=0.03)
+  got, _ = jax.jit(lambda c: fn(LOGP, OLD, ADV, MASK, entropy_BxT=entropy, entropy_coef=c))(
+      jnp.float32(0.03))
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  with pytest.raises(ValueError, match="entropy_coef != 0 needs entropy_BxT"):
+    fn(LOGP, OLD, ADV, MASK, entropy_coef=jnp.float32(0.0))
+
+
 def test_token_weights_scale_each_tokens_contribution():
   ref, entropy = LOGP - 0.5, jnp.ones((2, 3))
   weights = jnp.array([[0.5, 1.0, 7.0], [0.0, 1.0, 2.0]])   # padding weight is ignored

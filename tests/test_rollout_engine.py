@@ -1,5 +1,7 @@
 """The jitted multi-turn engine on a real in-jit environment (calc chains)."""
 
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -153,6 +155,24 @@ def test_behaviour_logprobs_equal_the_learner_recompute(setup):
   text = s["codec"].tokenizer.decode(tokens[0, :int(out.length_B[0])])
   assert "<tool_call>calc 12+3</tool_call><tool_result>15</tool_result>" \
          "<tool_call>calc 4*5</tool_call><tool_result>20</tool_result>" in text
+
+
+def test_temperature_override_equals_an_engine_built_at_that_temperature(setup):
+  """A temperature schedule passes the value per call, without recompiling."""
+  s = setup
+  args = (s["params"], s["prompts"], s["prompt_len"], s["instances"], jax.random.key(3), 0)
+  got = s["engine"].rollout(*args, temperature=0.6)
+  hot = rollout.RolloutEngine(s["config"], dataclasses.replace(SAMPLING, temperature=0.6),
+                              s["codec"].ids, env=s["engine"].env,
+                              batch_size=s["engine"].batch_size,
+                              group_size=s["engine"].group_size)
+  want = hot.rollout(*args)
+  np.testing.assert_array_equal(got.tokens_BxT, want.tokens_BxT)
+  np.testing.assert_allclose(got.behaviour_logp_BxT, want.behaviour_logp_BxT, atol=1e-6)
+  base = s["engine"].rollout(*args)
+  assert not np.array_equal(base.tokens_BxT, got.tokens_BxT)
+  with pytest.raises(ValueError, match="temperature"):
+    s["engine"].rollout(*args, temperature=0.0)
 
 
 def test_mismatch_metrics_hand_computed():

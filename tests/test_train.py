@@ -27,6 +27,14 @@ REQUIRED = (
 def _cfg():
   cfg = default.get_config("tiny")
   cfg.rl.max_staleness = 1  # exercise the off-policy path and its checkpointed actors
+  # ... and the exploration controllers, whose state the resume must restore:
+  # an entropy band above any reachable entropy, so the coefficient rises
+  # every iteration, and a linear temperature decay.
+  cfg.rl.entropy_coef = 1e-3
+  cfg.rl.temperature = 1.2
+  cfg.rl.exploration.update(entropy_band=(50.0, 60.0), entropy_coef_factor=2.0,
+                            temperature_schedule="linear", temperature_final=0.8,
+                            temperature_steps=2)
   return cfg
 
 
@@ -60,6 +68,11 @@ def test_sft_then_rl_end_to_end(straight):
     # The actor lags the learner by at most max_staleness updates.
     assert r["shift/staleness_max"] <= cfg.rl.max_staleness * cfg.rl.updates_per_batch
   assert any(r["shift/staleness_max"] > 0 for r in rl)
+  # The adaptive entropy coefficient doubles each iteration (entropy below its
+  # band); the sampling temperature follows the linear schedule, then holds.
+  np.testing.assert_allclose([r["explore/entropy_coef"] for r in rl],
+                             [1e-3 * 2**i for i in range(len(rl))], rtol=1e-6)
+  np.testing.assert_allclose([r["explore/temperature"] for r in rl], [1.2, 1.0, 0.8], rtol=1e-6)
   assert os.listdir(os.path.join(workdir, "tensorboard"))
 
 
@@ -90,6 +103,12 @@ def test_resume_gives_the_same_metrics(straight, tmp_path):
     (lambda c: setattr(c.rl, "advantage", "remax"), "remax"),
     (lambda c: (setattr(c.rl, "advantage", "reinforce_pp"),
                 c.rl.signal.update(allocation="knapsack", knapsack_n_min=1)), "ragged"),
+    (lambda c: c.rl.exploration.update(entropy_band=(0.1,)), "entropy_band"),
+    # An adaptive coefficient must start inside its bounds (here 0 < min).
+    (lambda c: c.rl.exploration.update(entropy_band=(0.1, 0.5)), "entropy_coef"),
+    (lambda c: c.rl.exploration.update(temperature_schedule="linear"), "temperature_steps"),
+    (lambda c: (c.model.update(final_logit_softcap=30.0), c.rl.exploration.update(
+        temperature_schedule="cosine", temperature_steps=5)), "softcap"),
 ])
 def test_bad_configs_fail_before_compiling(edit, match):
   cfg = default.get_config("tiny")

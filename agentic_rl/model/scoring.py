@@ -16,7 +16,7 @@ from agentic_rl.model.transformer import forward, unembedding
 
 
 def sequence_logprobs(params, tokens_BxT: jax.Array, config: TransformerConfig, *,
-                      temperature: float = 1.0, impl: str = "xla",
+                      temperature: float | jax.Array = 1.0, impl: str = "xla",
                       ) -> tuple[jax.Array, jax.Array]:
   """``log pi(tokens[t] | tokens[:t])`` and the entropy of that distribution.
 
@@ -25,6 +25,11 @@ def sequence_logprobs(params, tokens_BxT: jax.Array, config: TransformerConfig, 
   ``"xla"``, ``"xla_chunked"`` or ``"pallas"``), so ``[B, T, V]`` logits are
   never needed (inside ``jit`` the unused logits of ``forward`` are dropped).
 
+  ``temperature`` is a Python float (static), or a float scalar array (may be
+  traced, for a temperature schedule that must not recompile): then the
+  hidden states are divided by it, ``(h / tau) @ W = (h @ W) / tau``, which
+  is exact only without a logit soft-cap.
+
   Returns:
     float32 ``(logp_BxT, entropy_BxT)``; entry 0 (no prefix) is 0 in both.
   """
@@ -32,6 +37,12 @@ def sequence_logprobs(params, tokens_BxT: jax.Array, config: TransformerConfig, 
   B, T = tokens_BxT.shape
   _, hidden_BxTxD = forward(params, tokens_BxT, config, return_hidden=True)
   D = hidden_BxTxD.shape[-1]
+  if not isinstance(temperature, (int, float)):
+    if config.final_logit_softcap is not None:
+      raise ValueError("an array temperature needs final_logit_softcap=None (the soft-cap "
+                       "comes before the temperature); pass a Python float")
+    hidden_BxTxD = hidden_BxTxD / jnp.asarray(temperature, hidden_BxTxD.dtype)
+    temperature = 1.0
   logp_N, entropy_N = kernels.token_logprobs(
       hidden_BxTxD[:, :-1].reshape(-1, D), unembedding(params, config),
       tokens_BxT[:, 1:].reshape(-1), temperature=temperature,

@@ -335,7 +335,7 @@ def policy_loss(
     token_weights_BxT: jax.Array | None = None,
     correction: str | Sequence[str] | None = None,
     correction_kwargs: Mapping[str, Mapping[str, object]] | None = None,
-    entropy_coef: float = 0.0,
+    entropy_coef: float | jax.Array = 0.0,
     kl_coef: float = 0.0,
     kl_estimator: str = "k3",
     **loss_kwargs,
@@ -348,7 +348,8 @@ def policy_loss(
   ``correction`` (one name or several; each one's hyper-parameters in
   ``correction_kwargs[name]``; needs ``behaviour_logp_BxT``), ``H`` the
   per-token entropy ``entropy_BxT`` (differentiable; needed when
-  ``entropy_coef != 0``), and ``KL_ref`` :func:`kl_penalty` to
+  ``entropy_coef != 0``; ``entropy_coef`` may be a float scalar array, e.g. an
+  adaptive coefficient under ``jit``), and ``KL_ref`` :func:`kl_penalty` to
   ``ref_logp_BxT`` (needed when ``kl_coef != 0``). ``u`` is the optional
   per-token loss weight ``token_weights_BxT`` (stop-gradient; 1 by default),
   e.g. the staleness down-weighting of ``agentic_rl.invariants.shift``; it
@@ -398,7 +399,9 @@ def policy_loss(
                      f"{jnp.shape(advantages)}")
   if names and behaviour_logp_BxT is None:
     raise ValueError(f"correction {names} needs behaviour_logp_BxT")
-  if entropy_coef != 0 and entropy_BxT is None:
+  # An array coefficient (an adaptive one, traced under jit) is always applied.
+  use_entropy = not isinstance(entropy_coef, (int, float)) or entropy_coef != 0
+  if use_entropy and entropy_BxT is None:
     raise ValueError("entropy_coef != 0 needs entropy_BxT")
   if kl_coef != 0 and ref_logp_BxT is None:
     raise ValueError("kl_coef != 0 needs ref_logp_BxT")
@@ -446,7 +449,7 @@ def policy_loss(
   if entropy_BxT is not None:
     entropy = clean(entropy_BxT, differentiable=True)
     metrics["entropy"] = masked_mean(jax.lax.stop_gradient(entropy), valid)
-    if entropy_coef != 0:
+    if use_entropy:
       loss = loss - entropy_coef * reduce(entropy)
   if ref_logp_BxT is not None:
     kl = kl_penalty(logp, clean(ref_logp_BxT), kl_estimator)

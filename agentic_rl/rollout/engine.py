@@ -124,7 +124,8 @@ class RolloutEngine:
     return self.sampling.max_total_tokens
 
   def rollout(self, params, prompts_PxL, prompt_len_P, instances_P, key,
-              version, *, script_PxS=None, script_len_P=None) -> Rollout:
+              version, *, script_PxS=None, script_len_P=None,
+              temperature: float | None = None) -> Rollout:
     """Whole episodes for P prompts, G samples each, in one ``jax.jit``.
 
     Args:
@@ -141,13 +142,15 @@ class RolloutEngine:
         back; sampling resumes after the script). Scripted tokens have loss
         mask 1 and record their log-prob under the sampling distribution
         (``-inf`` if top-k/top-p excludes them).
+      temperature: overrides ``sampling.temperature`` for this call without
+        recompiling (a temperature schedule); None keeps the config's.
     Returns:
       :class:`Rollout` with ``B = P * G`` rows, prompt-major.
     """
     args = self._check_inputs(prompts_PxL, prompt_len_P, instances_P,
                               script_PxS, script_len_P)
     return self._rollout_jit(params, *args, check_key(key),
-                             check_version(version),
+                             check_version(version), self._temperature(temperature),
                              prefill_len=int(np.shape(prompts_PxL)[1]))
 
   def init_state(self, prompts_PxL, prompt_len_P, instances_P, key, *,
@@ -158,7 +161,8 @@ class RolloutEngine:
     return self._init_jit(*args, check_key(key))
 
   def resume(self, params, state: RolloutState, version, *,
-             max_steps: int | None = None) -> RolloutState:
+             max_steps: int | None = None,
+             temperature: float | None = None) -> RolloutState:
     """Continues in-progress episodes under ``params`` (partial rollouts).
 
     The KV cache is rebuilt from the state's tokens with ``params`` (so a
@@ -173,7 +177,8 @@ class RolloutEngine:
     longest = int(np.max(np.asarray(state.cur_B))) + 1
     prefill_len = min(self.max_len, 1 << max(longest - 1, 1).bit_length())
     return self._advance_jit(params, state, check_version(version),
-                             jnp.int32(steps), prefill_len=prefill_len)
+                             jnp.int32(steps), self._temperature(temperature),
+                             prefill_len=prefill_len)
 
   def refill(self, state: RolloutState, fresh: RolloutState,
              replace_P: jax.Array) -> RolloutState:
@@ -189,6 +194,13 @@ class RolloutEngine:
     return select_rows(jnp.repeat(replace_P, self.group_size), fresh, state)
 
   # --------------------------------------------------------- input checks
+  def _temperature(self, temperature) -> jax.Array:
+    if temperature is None:
+      return jnp.float32(self.sampling.temperature)
+    if isinstance(temperature, (int, float)) and not temperature > 0.0:
+      raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    return jnp.float32(temperature)
+
   def _check_inputs(self, prompts_PxL, prompt_len_P, instances_P, script_PxS,
                     script_len_P):
     P, T = self.num_prompts, self.max_len
@@ -235,21 +247,21 @@ class RolloutEngine:
 
   # ------------------------------------------------------------ jitted core
   def _rollout(self, params, prompts_PxL, prompt_len_P, instances_P,
-               script_PxS, script_len_P, key, version, *, prefill_len):
+               script_PxS, script_len_P, key, version, temperature, *, prefill_len):
     state = self._init_state(prompts_PxL, prompt_len_P, instances_P,
                              script_PxS, script_len_P, key)
     state = self._advance(params, state, version, jnp.int32(self.max_len),
-                          prefill_len=prefill_len)
+                          temperature, prefill_len=prefill_len)
     return state.to_rollout()
 
-  def _advance(self, params, state, version, max_steps, *, prefill_len):
+  def _advance(self, params, state, version, max_steps, temperature, *, prefill_len):
     cache = model_lib.init_cache(self.model_config, self.batch_size, self.max_len)
     _, cache = model_lib.prefill(params, state.tokens_BxT[:, :prefill_len],
                                  cache, self.model_config)
     on_stop = self._env_stop if self.env is not None else self._final_stop
     state, _ = run_loop(params, state, cache, version, max_steps,
                         model_config=self.model_config, sampling=self.sampling,
-                        ids=self.ids, on_stop=on_stop)
+                        ids=self.ids, on_stop=on_stop, temperature=temperature)
     return state
 
   def _init_state(self, prompts_PxL, prompt_len_P, instances_P, script_PxS,
@@ -386,15 +398,18 @@ def new_state(prompts_BxL, prompt_len_B, key, *, max_len: int, max_turns: int,
 
 def run_loop(params, state: RolloutState, cache: model_lib.KVCache, version,
              max_steps, *, model_config, sampling: SamplingConfig,
-             ids: FormatIds | None, on_stop: OnStop,
+             ids: FormatIds | None, on_stop: OnStop, temperature=None,
              ) -> tuple[RolloutState, model_lib.KVCache]:
   """Runs the token loop until no row is live or ``max_steps`` steps ran.
 
   A row is live while its episode has not ended and it does not await a host
   environment. ``cache`` must hold every row's tokens up to ``cur``.
+  ``temperature`` (a float32 scalar, may be traced) overrides
+  ``sampling.temperature``.
   """
   step = lambda s, c: _token_step(params, s, c, version, model_config=model_config,
-                                  sampling=sampling, ids=ids, on_stop=on_stop)
+                                  sampling=sampling, ids=ids, on_stop=on_stop,
+                                  temperature=temperature)
 
   def cond(carry):
     s, _, n = carry
@@ -411,7 +426,7 @@ def run_loop(params, state: RolloutState, cache: model_lib.KVCache, version,
 
 def _token_step(params, state: RolloutState, cache, version, *, model_config,
                 sampling: SamplingConfig, ids: FormatIds | None,
-                on_stop: OnStop):
+                on_stop: OnStop, temperature=None):
   """One token for every live row (see the module docstring)."""
   B, T = state.tokens_BxT.shape
   rows = jnp.arange(B)
@@ -421,7 +436,7 @@ def _token_step(params, state: RolloutState, cache, version, *, model_config,
       params, state.tokens_BxT[rows, cur], cur, cache, model_config)
   w = jnp.minimum(cur + 1, T - 1)
 
-  logp_BxV = sampling_lib.sampling_log_probs(logits_BxV, sampling)
+  logp_BxV = sampling_lib.sampling_log_probs(logits_BxV, sampling, temperature)
   keys_B = jax.vmap(jax.random.fold_in)(
       jax.random.wrap_key_data(state.key_B), w)
   drawn = sampling_lib.sample_tokens(keys_B, logp_BxV)

@@ -75,12 +75,16 @@ class SamplingConfig:
     return self.greedy or self.top_k > 0 or self.top_p < 1.0
 
 
-def sampling_log_probs(logits_NxV: jax.Array, config: SamplingConfig) -> jax.Array:
+def sampling_log_probs(logits_NxV: jax.Array, config: SamplingConfig,
+                       temperature: jax.Array | None = None) -> jax.Array:
   """Log-probs of the sampling distribution (see the module docstring).
 
   Args:
     logits_NxV: float ``[..., V]`` policy logits.
     config: the sampling settings (static).
+    temperature: optional float scalar (may be traced) replacing
+      ``config.temperature``, for a temperature schedule that must not
+      recompile the sampler.
   Returns:
     float32 ``[..., V]``: ``log_softmax`` of the temperature-scaled logits
     restricted to the kept tokens, ``-inf`` elsewhere; every row sums to 1.
@@ -90,7 +94,7 @@ def sampling_log_probs(logits_NxV: jax.Array, config: SamplingConfig) -> jax.Arr
     best = jnp.argmax(z, axis=-1)
     onehot = jax.nn.one_hot(best, z.shape[-1], dtype=bool)
     return jnp.where(onehot, 0.0, -jnp.inf)
-  z = z / config.temperature
+  z = z / (config.temperature if temperature is None else temperature)
   if 0 < config.top_k < z.shape[-1]:
     kth = jax.lax.top_k(z, config.top_k)[0][..., -1:]
     z = jnp.where(z >= kth, z, -jnp.inf)

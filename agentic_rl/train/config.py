@@ -12,7 +12,8 @@ from __future__ import annotations
 from agentic_rl import model as model_lib
 from agentic_rl import objectives
 from agentic_rl.envs import registry
-from agentic_rl.invariants import shift, signal
+from agentic_rl.invariants import exploration, shift, signal
+from agentic_rl.invariants.alarms import Band
 from agentic_rl.rollout.sampling import SamplingConfig
 from agentic_rl.text import tokenizer as tok_lib
 from agentic_rl.train import sharding
@@ -63,6 +64,19 @@ def signal_config(stage) -> signal.SignalConfig:
   return signal.SignalConfig(**dict(stage.get("signal", {})))
 
 
+def exploration_config(stage) -> exploration.ExplorationConfig:
+  """``stage.entropy_coef`` and ``stage.temperature`` are the starting values;
+  ``stage.exploration`` holds the controllers (``entropy_band=(low, high)``
+  turns the adaptive coefficient on, ``()`` keeps it fixed)."""
+  extra = dict(stage.get("exploration", {}))
+  band = tuple(extra.pop("entropy_band", ()) or ())
+  if band and len(band) != 2:
+    raise ValueError(f"exploration.entropy_band must be () or (low, high), got {band!r}")
+  return exploration.ExplorationConfig(
+      entropy_coef=stage.entropy_coef, temperature=stage.temperature,
+      entropy_band=Band(*band) if band else None, **extra)
+
+
 def shift_config(stage) -> shift.ShiftConfig:
   extra = dict(stage.get("shift", {}))
   return shift.ShiftConfig(max_staleness=stage.max_staleness, **extra)
@@ -111,6 +125,11 @@ def validate(cfg) -> None:
              f"batch-normalising estimator {stage.advantage!r} does not support; use a "
              "group estimator (grpo, dr_grpo, rloo, kimi)")
       shift_config(stage)
+      expl = exploration_config(stage)
+      if (expl.temperature_schedule != "constant"
+          and model_config(cfg, tok.vocab_size).final_logit_softcap is not None):
+        _err(f"config.{name}.exploration.temperature_schedule needs final_logit_softcap=None "
+             "(the learner scores a scheduled temperature by scaling hidden states)")
       if stage.max_staleness < 0:
         _err(f"config.{name}.max_staleness must be >= 0, got {stage.max_staleness}")
       rows = stage.prompts_per_step * stage.group_size

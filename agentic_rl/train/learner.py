@@ -66,27 +66,34 @@ def sft_loss(model_config, *, logprob_impl: str = "xla") -> LossFn:
 
 
 def rl_loss(model_config, objective: objectives.ObjectiveConfig, *,
-            temperature: float = 1.0, logprob_impl: str = "xla") -> LossFn:
+            temperature: float = 1.0, logprob_impl: str = "xla",
+            adaptive_entropy: bool = False, scheduled_temperature: bool = False) -> LossFn:
   """The configured policy loss on a rollout batch.
 
   ``batch`` holds ``tokens_BxT``, ``loss_mask_BxT``, ``advantages_B``,
   ``old_logp_BxT`` (the learner's scores at the iteration's start) and
   ``behaviour_logp_BxT`` (the sampler's), plus ``ref_logp_BxT`` when a KL
-  penalty is on.
+  penalty is on. The exploration controllers' values arrive as data, so they
+  change without recompiling: with ``adaptive_entropy`` the entropy-bonus
+  coefficient is ``entropy_coef_B[0]``, with ``scheduled_temperature`` the
+  sampling temperature is ``temperature_B[0]`` (float32 ``[B]``, one value
+  repeated per row so the batch still splits into micro-batches).
   """
   loss = objectives.make_policy_loss(objective)
 
   def loss_fn(params, batch, norm):
+    tau = batch["temperature_B"][0] if scheduled_temperature else temperature
     logp_BxT, entropy_BxT = sequence_logprobs(
-        params, batch["tokens_BxT"], model_config, temperature=temperature,
-        impl=logprob_impl)
+        params, batch["tokens_BxT"], model_config, temperature=tau, impl=logprob_impl)
     # Shift controls arrive as per-token weights; weight 0 leaves the token out.
     extra = {"token_weights_BxT": batch["loss_mask_BxT"]}
     if objective.correction is not None:
       extra["behaviour_logp_BxT"] = batch["behaviour_logp_BxT"]
     if objective.kl_coef:
       extra["ref_logp_BxT"] = batch["ref_logp_BxT"]
-    if objective.entropy_coef:
+    if adaptive_entropy:
+      extra["entropy_coef"] = batch["entropy_coef_B"][0]
+    if objective.entropy_coef or adaptive_entropy:
       extra["entropy_BxT"] = entropy_BxT
     return loss(logp_BxT, batch["old_logp_BxT"], batch["advantages_B"],
                 batch["loss_mask_BxT"], num_tokens=norm["num_tokens"],

@@ -74,15 +74,17 @@ class Run:
     return self.engines[key]
 
   def rollout(self, params, sampling: SamplingConfig, split: str, ids: np.ndarray, key,
-              version: int, rows: int) -> Rollout:
-    """Episodes for prompts ``ids`` (repeats allowed), in fixed-size calls."""
+              version: int, rows: int, temperature: float | None = None) -> Rollout:
+    """Episodes for prompts ``ids`` (repeats allowed), in fixed-size calls;
+    ``temperature`` overrides ``sampling.temperature`` without recompiling."""
     engine = self.engine(sampling, rows)
     parts = []
     for start in range(0, len(ids), rows):
       chunk = ids[start:start + rows]
       inst = self.tasks.instances(split, np.resize(chunk, rows))
       prompts, lens = self.tasks.prompts(inst)
-      ro = engine.rollout(params, prompts, lens, inst, jax.random.fold_in(key, start), version)
+      ro = engine.rollout(params, prompts, lens, inst, jax.random.fold_in(key, start), version,
+                          temperature=temperature)
       parts.append(jax.tree.map(lambda x: np.asarray(x)[:len(chunk)], ro))
     return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
 
@@ -189,6 +191,16 @@ def group_advantages(adv_fn, rewards_B: np.ndarray, group_B: np.ndarray,
 
 
 @dataclasses.dataclass
+class Controls:
+  """Host-side state of the invariant controllers, checkpointed with the run:
+  each prompt's success history (signal) and the entropy-bonus coefficient
+  (exploration)."""
+
+  history: signal.PromptHistory
+  entropy_coef: float
+
+
+@dataclasses.dataclass
 class RLStage:
   """The RL stage's compiled pieces and host-side state."""
 
@@ -196,6 +208,7 @@ class RLStage:
   objective: objectives.ObjectiveConfig
   signal_cfg: signal.SignalConfig
   shift_cfg: shift.ShiftConfig
+  explore_cfg: exploration.ExplorationConfig
   step_fn: Any
   state_sharding: Any
   score_fn: Any
@@ -208,27 +221,37 @@ def make_rl_stage(run: Run, stage, optimizer, params) -> RLStage:
   sampling = config_lib.sampling_config(cfg, temperature=stage.temperature,
                                         top_k=stage.top_k, top_p=stage.top_p)
   objective = config_lib.objective_config(stage)
+  explore_cfg = config_lib.exploration_config(stage)
+  scheduled = explore_cfg.temperature_schedule != "constant"
   loss_fn = learner.rl_loss(run.model_config, objective, temperature=stage.temperature,
-                            logprob_impl=cfg.model.logprob_impl)
+                            logprob_impl=cfg.model.logprob_impl,
+                            adaptive_entropy=explore_cfg.entropy_band is not None,
+                            scheduled_temperature=scheduled)
   step_fn, state_sharding = learner.shard_train_step(
       learner.make_train_step(loss_fn, optimizer, micro_batches=cfg.micro_batches),
       run.mesh, run.model_config, optimizer, params)
-  score_fn = jax.jit(lambda params, tokens: sequence_logprobs(
-      params, tokens, run.model_config, temperature=stage.temperature,
+  score_fn = jax.jit(lambda params, tokens, tau: sequence_logprobs(
+      params, tokens, run.model_config, temperature=tau if scheduled else stage.temperature,
       impl=cfg.model.logprob_impl)[0])
   return RLStage(sampling, objective, config_lib.signal_config(stage),
-                 config_lib.shift_config(stage), step_fn, state_sharding, score_fn, P * G)
+                 config_lib.shift_config(stage), explore_cfg, step_fn, state_sharding,
+                 score_fn, P * G)
 
 
 def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_params,
-                 actor_version: int, draw_prompts, history, key):
-  """One RL iteration; returns ``(state, history, metrics)``.
+                 actor_version: int, draw_prompts, controls: Controls, key, step: int):
+  """RL iteration ``step`` of the stage; returns ``(state, controls, metrics)``.
 
   ``draw_prompts(num, key) -> ids`` yields training prompt ids (it advances
   the data position); ``actor_params`` made the rollouts (``actor_version``
-  updates old).
+  updates old). The exploration controllers set this iteration's sampling
+  temperature (schedule) and entropy-bonus coefficient, and the coefficient
+  then moves towards its entropy band.
   """
   P, G = stage.prompts_per_step, stage.group_size
+  history = controls.history
+  tau = float(exploration.temperature_at(rl.explore_cfg, step))
+  scheduled = rl.explore_cfg.temperature_schedule != "constant"
   parts: list[Rollout] = []
   rollout_tokens = [0]
   t0 = time.perf_counter()
@@ -236,7 +259,7 @@ def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_
   def sample_fn(ids_N, n, k):
     """Outcomes of ``n`` rollouts for each of the prompts ``ids_N``."""
     ro = run.rollout(actor_params, rl.sampling, "train", np.repeat(np.asarray(ids_N), n), k,
-                     actor_version, rl.rows)
+                     actor_version, rl.rows, temperature=tau if scheduled else None)
     parts.append(ro)
     rollout_tokens[0] += int(ro.loss_mask_BxT.sum())
     return (ro.reward_components["outcome"] > 0.5).reshape(len(ids_N), n)
@@ -258,7 +281,7 @@ def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_
 
   t1 = time.perf_counter()
   tokens = jnp.asarray(batch.tokens_BxT)
-  old_logp = rl.score_fn(state.params, tokens)
+  old_logp = rl.score_fn(state.params, tokens, jnp.float32(tau))
   version = int(state.step)
   weights, shift_stats = shift.shift_weights(
       rl.shift_cfg, batch.loss_mask_BxT, batch.version_BxT, version)
@@ -266,7 +289,9 @@ def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_
   learn_batch = {"tokens_BxT": tokens, "loss_mask_BxT": weights,
                  "advantages_B": jnp.asarray(advantages_B, jnp.float32),
                  "old_logp_BxT": old_logp,
-                 "behaviour_logp_BxT": jnp.asarray(batch.behaviour_logp_BxT)}
+                 "behaviour_logp_BxT": jnp.asarray(batch.behaviour_logp_BxT),
+                 "entropy_coef_B": jnp.full(tokens.shape[:1], controls.entropy_coef, jnp.float32),
+                 "temperature_B": jnp.full(tokens.shape[:1], tau, jnp.float32)}
   learn_metrics = []
   for _ in range(stage.updates_per_batch):
     state, m = rl.step_fn(state, learn_batch)
@@ -284,6 +309,10 @@ def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_
   metrics.update(shift.shift_metrics(batch.loss_mask_BxT, batch.behaviour_logp_BxT,
                                      old_logp, batch.version_BxT, version))
   metrics.update(shift_stats)
+  entropy_coef = float(exploration.update_entropy_coef(
+      rl.explore_cfg, exploration.EntropyCoefState(jnp.float32(controls.entropy_coef)),
+      metrics["explore/entropy"]).coef)
+  metrics.update({"explore/entropy_coef": controls.entropy_coef, "explore/temperature": tau})
   last = jax.tree.map(float, learn_metrics[-1])
   metrics.update(last)
   metrics.update({
@@ -298,7 +327,8 @@ def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_
       "perf/learner_tokens_per_s": stage.updates_per_batch * float(np.sum(batch.length_B))
                                    / max(learn_s, 1e-9),
   })
-  return state, history, {k: float(v) for k, v in metrics.items()}
+  return (state, Controls(history, entropy_coef),
+          {k: float(v) for k, v in metrics.items()})
 
 
 # ------------------------------------------------------------------ the run
@@ -339,7 +369,7 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
   params = model_lib.init_params(run.model_config, jax.random.fold_in(root_key, 0))
   ckpt = checkpoint_lib.Checkpointer(workdir, keep=cfg.checkpoint.keep)
   progress = Progress()
-  history = signal.init_history(cfg.tasks.train_size)
+  controls = Controls(signal.init_history(cfg.tasks.train_size), 0.0)
   summary: dict[str, Any] = {}
   restored = None
   if ckpt.latest_step() is not None:
@@ -347,7 +377,8 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
     progress = Progress(**meta["progress"])
     summary = dict(meta["summary"])
     params = restored["params"]
-    history = signal.PromptHistory(**restored["history"])
+    controls = Controls(signal.PromptHistory(**restored["history"]),
+                        float(restored["entropy_coef"]))
     root_key = restored["rng"]
     print(f"resuming {workdir} at step {progress.global_step}")
   writer = metrics_lib.MetricsWriter(workdir, total, start_step=progress.global_step)
@@ -355,7 +386,8 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
   def save(state: learner.TrainState, actors):
     tree = {"params": state.params, "opt_state": state.opt_state, "step": state.step,
             "actors": [a[0] for a in actors], "actor_versions": [a[1] for a in actors],
-            "history": dataclasses.asdict(history), "rng": root_key}
+            "history": dataclasses.asdict(controls.history),
+            "entropy_coef": np.float32(controls.entropy_coef), "rng": root_key}
     ckpt.save(progress.global_step, tree,
               {"progress": dataclasses.asdict(progress), "summary": summary})
 
@@ -413,6 +445,8 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
     else:
       rl = make_rl_stage(run, stage, optimizer, state.params)
       state = jax.device_put(state, rl.state_sharding)
+      if progress.stage_step == 0:
+        controls = dataclasses.replace(controls, entropy_coef=rl.explore_cfg.entropy_coef)
 
       def draw_prompts(num, key):
         del key
@@ -427,14 +461,15 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
         actors.append((jax.tree.map(jnp.copy, state.params), int(state.step)))
         while len(actors) > stage.max_staleness + 1:
           actors.popleft()
-        state, history, record = rl_iteration(run, rl, stage, state, *actors[0],
-                                              draw_prompts, history, it_key)
+        state, controls, record = rl_iteration(run, rl, stage, state, *actors[0],
+                                               draw_prompts, controls, it_key,
+                                               progress.stage_step)
         if (progress.stage_step + 1) % cfg.eval.every == 0 or progress.stage_step == n_steps - 1:
           record.update(evaluate(run, state.params, it_key))
         if progress.stage_step == n_steps - 1:
           summary[f"{name}_success"] = summary["rl_success"] = record["eval/success"]
         record.update(invariants.alarm_metrics(invariants.check_alarms(
-            record, dict(rl.signal_cfg.bands + rl.shift_cfg.bands))))
+            record, dict(rl.signal_cfg.bands + rl.shift_cfg.bands + rl.explore_cfg.bands))))
         log(record, t0)
         if progress.stage_step < n_steps and interrupted(state, actors):
           return summary

@@ -60,6 +60,14 @@ def _rl_stage() -> ml_collections.ConfigDict:
       # gradient on this task and RL stalls (README).
       signal=ml_collections.ConfigDict(dict(allocation="dynamic")),
       shift=ml_collections.ConfigDict(dict(stale_mode="drop")),
+      # Exploration controllers (ExplorationConfig): entropy_band=(low, high)
+      # adapts the entropy bonus (starting at entropy_coef, which must then be
+      # in [entropy_coef_min, entropy_coef_max]); temperature_schedule decays
+      # the sampling temperature from `temperature` to temperature_final.
+      exploration=ml_collections.ConfigDict(dict(
+          entropy_band=(), entropy_coef_factor=1.1, entropy_coef_min=1e-5,
+          entropy_coef_max=0.1, temperature_schedule="constant", temperature_final=1.0,
+          temperature_steps=0)),
       temperature=1.0,
       top_k=0,
       top_p=1.0,
