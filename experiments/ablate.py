@@ -1,0 +1,294 @@
+r"""Runs the invariant ablations over several seeds; writes a table and plots.
+
+  python -m experiments.ablate                                   # docs/ablations/
+  python -m experiments.ablate --studies=signal --seeds=0,1 --jobs=2
+  python -m experiments.ablate --tiny --out=/tmp/abl             # seconds per arm
+
+The arms and studies are in ``experiments/configs/ablations.py``. For each
+seed the SFT warm start runs once; every arm of that seed starts its RL stage
+from a copy of that checkpoint, so arms differ only in the ablated
+controller. Each run is ``python -m experiments.train`` in its own process
+(``--jobs`` at a time), under ``--workdir/seed<S>/<arm>``; a finished run
+(with a ``summary.json``) is not run again. Outputs in ``--out``:
+``results.json`` (per-seed series and summaries), ``results.md`` (the table,
+mean +- std over seeds) and one PNG per study.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+from absl import app, flags
+
+from agentic_rl.train import metrics as metrics_lib
+from experiments.configs import ablations
+
+_OUT = flags.DEFINE_string("out", "docs/ablations", "Where results and plots go.")
+_WORKDIR = flags.DEFINE_string("workdir", "/tmp/agentic_rl_ablations", "Run directories.")
+_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds.")
+_STUDIES = flags.DEFINE_list("studies", list(ablations.STUDIES), "Studies to run.")
+_JOBS = flags.DEFINE_integer("jobs", 1, "Runs at a time.")
+_TINY = flags.DEFINE_bool("tiny", False, "Test scale (tiny model, a few iterations).")
+
+CONFIG_FILE = os.path.join(os.path.dirname(__file__), "configs", "ablations.py")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Per-iteration series kept from each RL run.
+SERIES = (
+    "signal/zero_variance_frac", "signal/rollouts", "reward/outcome", "explore/entropy",
+    "explore/entropy_coef", "explore/temperature", "explore/distinct_success_seqs_solved",
+    "explore/distinct_tool_seqs", "shift/kl_behaviour_learner", "shift/staleness_mean",
+    "shift/is_ratio_max", "shift/stale_token_frac", "eval/success", "eval/pass_at_k",
+    "eval/pass_at_1",
+)
+# name -> (series, how): the numbers per (arm, seed) that the table reports.
+SUMMARIES = {
+    "success": ("eval/success", "last"),
+    "pass_at_k": ("eval/pass_at_k", "last"),
+    "zero_variance_frac": ("signal/zero_variance_frac", "mean"),
+    "rollouts_per_iter": ("signal/rollouts", "mean"),
+    "distinct_success_seqs": ("explore/distinct_success_seqs_solved", "mean"),
+    "distinct_tool_seqs": ("explore/distinct_tool_seqs", "mean"),
+    "entropy": ("explore/entropy", "mean"),
+    "kl_behaviour_learner": ("shift/kl_behaviour_learner", "mean"),
+    "staleness_mean": ("shift/staleness_mean", "mean"),
+    "is_ratio_max": ("shift/is_ratio_max", "max"),
+}
+COLUMNS = {
+    "signal": ("success", "gain", "zero_variance_frac", "rollouts_per_iter"),
+    "exploration": ("success", "pass_at_k", "distinct_success_seqs", "distinct_tool_seqs",
+                    "entropy"),
+    "shift": ("success", "gain", "kl_behaviour_learner", "staleness_mean", "is_ratio_max"),
+}
+HEADERS = {
+    "success": "final success", "gain": "gain over SFT", "pass_at_k": "final pass@k",
+    "zero_variance_frac": "mean zero-variance frac", "rollouts_per_iter": "rollouts / iter",
+    "distinct_success_seqs": "distinct successful strategies / solved group",
+    "distinct_tool_seqs": "distinct tool sequences / group", "entropy": "mean token entropy",
+    "kl_behaviour_learner": "mean KL(behaviour || learner)",
+    "staleness_mean": "mean staleness", "is_ratio_max": "max IS ratio",
+}
+
+
+# ------------------------------------------------------------------ running
+def _config_arg(arm: str, tiny: bool) -> str:
+  return f"{CONFIG_FILE}:{arm}{',tiny' if tiny else ''}"
+
+
+def _train(arm: str, seed: int, workdir: str, tiny: bool) -> None:
+  """One ``experiments.train`` run in its own process (skipped if finished)."""
+  if os.path.exists(os.path.join(workdir, metrics_lib.SUMMARY_FILE)):
+    return
+  os.makedirs(workdir, exist_ok=True)
+  cmd = [sys.executable, "-m", "experiments.train", f"--config={_config_arg(arm, tiny)}",
+         f"--config.seed={seed}", f"--workdir={workdir}"]
+  # Every arm compiles the same programs: share them through JAX's persistent
+  # compilation cache (a minute less per run on a 2-core CPU).
+  env = dict(os.environ)
+  env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(
+      os.path.dirname(os.path.abspath(workdir))), "jax_cache"))
+  t0 = time.perf_counter()
+  with open(os.path.join(workdir, "log.txt"), "w") as log:
+    done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
+                          check=False)
+  if done.returncode:
+    raise RuntimeError(f"{arm} seed {seed} failed ({done.returncode}); see {workdir}/log.txt")
+  print(f"  {arm:12s} seed {seed}: {time.perf_counter() - t0:6.0f} s", flush=True)
+
+
+def _start_from_sft(sft_dir: str, arm_dir: str) -> None:
+  """Copies the SFT run's final checkpoint into a fresh arm directory."""
+  if os.path.exists(os.path.join(arm_dir, "checkpoints")):
+    return
+  src = os.path.join(sft_dir, "checkpoints")
+  step = max((d for d in os.listdir(src) if d.isdigit()), key=int)
+  shutil.copytree(os.path.join(src, step), os.path.join(arm_dir, "checkpoints", step))
+
+
+def run(workdir: str, seeds: Sequence[int], studies: Sequence[str], *, jobs: int = 1,
+        tiny: bool = False) -> None:
+  """Runs the SFT warm start per seed, then every arm of ``studies``."""
+  unknown = set(studies) - set(ablations.STUDIES)
+  if unknown:
+    raise ValueError(f"unknown studies {sorted(unknown)}; valid: {list(ablations.STUDIES)}")
+  arms = list(dict.fromkeys(a for s in studies for a in ablations.STUDIES[s]))
+  with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+    # SFT runs are queued first, so an arm waiting on its seed's never blocks them.
+    sft = {seed: pool.submit(_train, "sft", seed, os.path.join(workdir, f"seed{seed}", "sft"),
+                             tiny) for seed in seeds}
+
+    def arm_run(arm, seed):
+      sft[seed].result()
+      base = os.path.join(workdir, f"seed{seed}")
+      _start_from_sft(os.path.join(base, "sft"), os.path.join(base, arm))
+      _train(arm, seed, os.path.join(base, arm), tiny)
+
+    futures = [pool.submit(arm_run, arm, seed) for arm in arms for seed in seeds]
+    for f in futures:
+      f.result()
+
+
+# ------------------------------------------------------------------ results
+def _records(workdir: str) -> list[dict]:
+  return metrics_lib.read_metrics(os.path.join(workdir, metrics_lib.METRICS_FILE))
+
+
+def _series(rl: list[dict], name: str) -> list[list[float]]:
+  """``[[iteration, value], ...]`` of one metric over the RL stage (1-based)."""
+  return [[i + 1, float(r[name])] for i, r in enumerate(rl) if name in r]
+
+
+def _summarise(series: dict[str, list], sft: dict[str, float]) -> dict[str, float]:
+  out = {}
+  for name, (metric, how) in SUMMARIES.items():
+    values = np.array([v for _, v in series.get(metric, [])], np.float64)
+    if values.size:
+      out[name] = float({"last": values[-1], "mean": values.mean(), "max": values.max()}[how])
+  out["sft_success"] = sft["eval/success"]
+  out["gain"] = out["success"] - out["sft_success"]
+  return out
+
+
+def collect(workdir: str, seeds: Sequence[int], studies: Sequence[str]) -> dict:
+  """Series and per-seed summaries of the finished runs under ``workdir``."""
+  arms = list(dict.fromkeys(a for s in studies for a in ablations.STUDIES[s]))
+  runs = {}
+  for arm in arms:
+    runs[arm] = {}
+    for seed in seeds:
+      base = os.path.join(workdir, f"seed{seed}")
+      sft = _records(os.path.join(base, "sft"))[-1]
+      rl = [r for r in _records(os.path.join(base, arm)) if r.get("stage") == 1]
+      series = {name: _series(rl, name) for name in SERIES}
+      # Evaluation before RL (the SFT policy) is iteration 0.
+      for name in ("eval/success", "eval/pass_at_k", "eval/pass_at_1"):
+        series[name].insert(0, [0, float(sft[name])])
+      runs[arm][str(seed)] = {"series": series, "summary": _summarise(series, sft),
+                              "iterations": len(rl)}
+  return {"seeds": list(seeds), "studies": {s: list(ablations.STUDIES[s]) for s in studies},
+          "runs": runs}
+
+
+def _mean_std(results: dict, arm: str, name: str) -> tuple[float, float]:
+  values = [r["summary"][name] for r in results["runs"][arm].values() if name in r["summary"]]
+  return float(np.mean(values)), float(np.std(values))
+
+
+def table(results: dict) -> str:
+  """The markdown table: per study, each arm's mean +- std over seeds."""
+  lines = [f"Seeds: {', '.join(map(str, results['seeds']))}; mean ± std over seeds.", ""]
+  for study, arms in results["studies"].items():
+    cols = COLUMNS[study]
+    lines += [f"**{study}**", "",
+              "| arm | " + " | ".join(HEADERS[c] for c in cols) + " |",
+              "|---" * (len(cols) + 1) + "|"]
+    for arm in arms:
+      cells = []
+      for c in cols:
+        m, s = _mean_std(results, arm, c)
+        cells.append(f"{m:.3g} ± {s:.2g}")
+      lines.append(f"| {ablations.label(study, arm)} | " + " | ".join(cells) + " |")
+    lines.append("")
+  return "\n".join(lines)
+
+
+def comparisons(results: dict) -> dict[str, float]:
+  """The headline differences (means over seeds) that the README quotes."""
+  out = {}
+  runs = results["runs"]
+  if {"uniform", "dynamic", "knapsack"} <= runs.keys():
+    base = _mean_std(results, "uniform", "zero_variance_frac")[0]
+    for arm in ("dynamic", "knapsack"):
+      value = _mean_std(results, arm, "zero_variance_frac")[0]
+      out[f"zero_variance_frac/{arm}_minus_uniform"] = value - base
+  return out
+
+
+# Per study: the panels of its figure, (series, y label, log scale).
+PANELS = {
+    "signal": (("signal/zero_variance_frac", "zero-variance group fraction", False),
+               ("eval/success", "held-out greedy success", False)),
+    "exploration": (("explore/distinct_success_seqs_solved",
+                     "distinct successful strategies / solved group", False),
+                    ("eval/pass_at_k", "held-out pass@k", False)),
+    "shift": (("shift/kl_behaviour_learner", "KL(behaviour || learner), k3", True),
+              ("eval/success", "held-out greedy success", False)),
+}
+
+
+def plot(results: dict, out_dir: str) -> list[str]:
+  """One PNG per study (mean over seeds, band = min..max); returns the paths."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  os.makedirs(out_dir, exist_ok=True)
+  paths = []
+  for study, arms in results["studies"].items():
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    for ax, (name, ylabel, log) in zip(axes, PANELS[study]):
+      for arm in arms:
+        per_seed = [r["series"][name] for r in results["runs"][arm].values()]
+        n = min(len(s) for s in per_seed)
+        if n == 0:
+          continue
+        x = np.array([p[0] for p in per_seed[0][:n]])
+        y = np.array([[p[1] for p in s[:n]] for s in per_seed])
+        if log:
+          y = np.maximum(y, 1e-12)
+        ax.plot(x, y.mean(0), marker="o" if n < 8 else None, ms=3,
+                label=ablations.label(study, arm))
+        ax.fill_between(x, y.min(0), y.max(0), alpha=0.15)
+      ax.set_xlabel("RL iteration")
+      ax.set_ylabel(ylabel)
+      if log:
+        ax.set_yscale("log")
+      ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{study} ablation, seeds {', '.join(map(str, results['seeds']))}")
+    fig.tight_layout()
+    path = os.path.join(out_dir, f"{study}.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    paths.append(path)
+  return paths
+
+
+def write(results: dict, out_dir: str, command: str) -> None:
+  os.makedirs(out_dir, exist_ok=True)
+  results = dict(results, command=command, comparisons=comparisons(results))
+  with open(os.path.join(out_dir, "results.json"), "w") as f:
+    json.dump(results, f, indent=1, sort_keys=True)
+  with open(os.path.join(out_dir, "results.md"), "w") as f:
+    f.write(f"Command: `{command}`\n\n{table(results)}\n")
+    for k, v in results["comparisons"].items():
+      f.write(f"- {k}: {v:+.3f}\n")
+  plot(results, out_dir)
+
+
+def main(argv):
+  del argv
+  seeds = [int(s) for s in _SEEDS.value]
+  t0 = time.perf_counter()
+  run(_WORKDIR.value, seeds, _STUDIES.value, jobs=_JOBS.value, tiny=_TINY.value)
+  results = collect(_WORKDIR.value, seeds, _STUDIES.value)
+  command = "python -m experiments.ablate " + " ".join(
+      f"--{k}={v}" for k, v in (("seeds", ",".join(_SEEDS.value)),
+                                ("studies", ",".join(_STUDIES.value)),
+                                ("jobs", _JOBS.value)))
+  if _TINY.value:
+    command += " --tiny"
+  write(results, _OUT.value, command)
+  print(table(results))
+  print(f"wrote {_OUT.value}/results.{{json,md}} and plots in {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+  app.run(main)
