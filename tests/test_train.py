@@ -27,6 +27,7 @@ REQUIRED = (
 def _cfg():
   cfg = default.get_config("tiny")
   cfg.rl.max_staleness = 1  # exercise the off-policy path and its checkpointed actors
+  cfg.rl.signal.prompt_sampling = "prioritised"  # draws from the checkpointed history
   # ... and the exploration controllers, whose state the resume must restore:
   # an entropy band above any reachable entropy, so the coefficient rises
   # every iteration, and a linear temperature decay.
@@ -103,6 +104,7 @@ def test_resume_gives_the_same_metrics(straight, tmp_path):
     (lambda c: setattr(c.rl, "advantage", "remax"), "remax"),
     (lambda c: (setattr(c.rl, "advantage", "reinforce_pp"),
                 c.rl.signal.update(allocation="knapsack", knapsack_n_min=1)), "ragged"),
+    (lambda c: c.rl.signal.update(curriculum=((0, 1, 2),)), "curriculum"),
     (lambda c: c.rl.exploration.update(entropy_band=(0.1,)), "entropy_band"),
     # An adaptive coefficient must start inside its bounds (here 0 < min).
     (lambda c: c.rl.exploration.update(entropy_band=(0.1, 0.5)), "entropy_coef"),

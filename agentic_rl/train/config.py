@@ -125,6 +125,10 @@ def validate(cfg) -> None:
              f"batch-normalising estimator {stage.advantage!r} does not support; use a "
              "group estimator (grpo, dr_grpo, rloo, kimi)")
       shift_config(stage)
+      if signal_config(stage).curriculum:
+        _err(f"config.{name}.signal.curriculum needs prompts of several difficulties; the "
+             "trainer's task pool has one (config.tasks.difficulty). Use "
+             "invariants.signal.select_prompts with difficulty labels in your own loop")
       expl = exploration_config(stage)
       if (expl.temperature_schedule != "constant"
           and model_config(cfg, tok.vocab_size).final_logit_softcap is not None):

@@ -449,7 +449,9 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
         controls = dataclasses.replace(controls, entropy_coef=rl.explore_cfg.entropy_coef)
 
       def draw_prompts(num, key):
-        del key
+        """In data order, or prioritised by each prompt's failure rate (Kimi k1.5)."""
+        if rl.signal_cfg.prompt_sampling == "prioritised":
+          return signal.select_prompts(rl.signal_cfg, controls.history, num, key)
         ids = (progress.data_pos + np.arange(num)) % cfg.tasks.train_size
         progress.data_pos += num
         return ids
