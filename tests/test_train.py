@@ -17,7 +17,7 @@ from experiments.configs import default
 REQUIRED = (
     "reward/mean", "reward/outcome", "reward/format", "reward/efficiency", "eval/success",
     "eval/pass_at_k", "explore/entropy", "explore/distinct_tool_seqs",
-    "explore/distinct_success_seqs", "signal/zero_variance_frac", "signal/adv_std",
+    "explore/distinct_success_seqs", "explore/tool_seq_edit_dist", "signal/zero_variance_frac", "signal/adv_std",
     "signal/effective_token_frac", "signal/grad_norm", "shift/staleness_mean",
     "shift/staleness_max", "shift/is_ratio_mean", "shift/is_ratio_max", "shift/clip_frac",
     "shift/logprob_mismatch_max", "shift/kl_behaviour_learner", "perf/rollout_tokens_per_s",

@@ -301,8 +301,15 @@ def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_
   success = np.asarray(batch.reward_components["outcome"]) > 0.5
   metrics = {"reward/mean": float(rewards.mean())}
   metrics.update({f"reward/{k}": float(np.mean(v)) for k, v in batch.reward_components.items()})
-  metrics.update(exploration.exploration_metrics(
-      batch.entropy_BxT, batch.loss_mask_BxT, batch.call_hashes_BxC, success, **groups))
+  sizes = np.bincount(sampled.group, minlength=sampled.num_groups)
+  if (sizes == sizes[0]).all():  # equal groups: [P, G] layout, with edit distances
+    metrics.update(exploration.exploration_metrics(
+        batch.entropy_BxT, batch.loss_mask_BxT,
+        batch.call_hashes_BxC.reshape(sampled.num_groups, sizes[0], -1),
+        success.reshape(sampled.num_groups, -1)))
+  else:
+    metrics.update(exploration.exploration_metrics(
+        batch.entropy_BxT, batch.loss_mask_BxT, batch.call_hashes_BxC, success, **groups))
   metrics.update(signal.signal_metrics(success, advantages_B,
                                        batch.loss_mask_BxT, loss_weight_BxT=weights, **groups))
   metrics.update(sampled.metrics)
