@@ -42,7 +42,8 @@ CONFIG_FILE = os.path.join(os.path.dirname(__file__), "configs", "ablations.py")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Per-iteration series kept from each RL run.
 SERIES = (
-    "signal/zero_variance_frac", "signal/rollouts", "reward/outcome", "explore/entropy",
+    "signal/zero_variance_frac", "signal/effective_token_frac", "signal/rollouts",
+    "reward/outcome", "explore/entropy",
     "explore/entropy_coef", "explore/temperature", "explore/distinct_success_seqs_solved",
     "explore/distinct_tool_seqs", "shift/kl_behaviour_learner", "shift/staleness_mean",
     "shift/is_ratio_max", "shift/stale_token_frac", "eval/success", "eval/pass_at_k",
@@ -53,6 +54,7 @@ SUMMARIES = {
     "success": ("eval/success", "last"),
     "pass_at_k": ("eval/pass_at_k", "last"),
     "zero_variance_frac": ("signal/zero_variance_frac", "mean"),
+    "effective_token_frac": ("signal/effective_token_frac", "mean"),
     "rollouts_per_iter": ("signal/rollouts", "mean"),
     "distinct_success_seqs": ("explore/distinct_success_seqs_solved", "mean"),
     "distinct_tool_seqs": ("explore/distinct_tool_seqs", "mean"),
@@ -62,14 +64,17 @@ SUMMARIES = {
     "is_ratio_max": ("shift/is_ratio_max", "max"),
 }
 COLUMNS = {
-    "signal": ("success", "gain", "zero_variance_frac", "rollouts_per_iter"),
+    "signal": ("success", "gain", "zero_variance_frac", "effective_token_frac",
+               "rollouts_per_iter"),
     "exploration": ("success", "pass_at_k", "distinct_success_seqs", "distinct_tool_seqs",
                     "entropy"),
     "shift": ("success", "gain", "kl_behaviour_learner", "staleness_mean", "is_ratio_max"),
 }
 HEADERS = {
     "success": "final success", "gain": "gain over SFT", "pass_at_k": "final pass@k",
-    "zero_variance_frac": "mean zero-variance frac", "rollouts_per_iter": "rollouts / iter",
+    "zero_variance_frac": "mean zero-variance frac",
+    "effective_token_frac": "mean tokens with non-zero advantage",
+    "rollouts_per_iter": "rollouts / iter",
     "distinct_success_seqs": "distinct successful strategies / solved group",
     "distinct_tool_seqs": "distinct tool sequences / group", "entropy": "mean token entropy",
     "kl_behaviour_learner": "mean KL(behaviour || learner)",
@@ -193,7 +198,11 @@ def table(results: dict) -> str:
       cells = []
       for c in cols:
         m, s = _mean_std(results, arm, c)
-        cells.append(f"{m:.3g} ± {s:.2g}")
+        if c == "kl_behaviour_learner":
+          cells.append(f"{m:.2e} ± {s:.1e}")
+        else:
+          digits = 0 if c == "rollouts_per_iter" else 2 if c == "is_ratio_max" else 3
+          cells.append(f"{m:.{digits}f} ± {s:.{digits}f}")
       lines.append(f"| {ablations.label(study, arm)} | " + " | ".join(cells) + " |")
     lines.append("")
   return "\n".join(lines)

@@ -1,5 +1,7 @@
 """The trainer end to end: SFT then RL on a tiny config, resume, bad configs."""
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -42,8 +44,10 @@ def _cfg():
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("straight"))
-  summary = loop.train(_cfg(), workdir)
-  return workdir, summary
+  console = io.StringIO()
+  with contextlib.redirect_stderr(console):
+    summary = loop.train(_cfg(), workdir)
+  return workdir, summary, console.getvalue()
 
 
 def _comparable(records):
@@ -52,7 +56,7 @@ def _comparable(records):
 
 
 def test_sft_then_rl_end_to_end(straight):
-  workdir, summary = straight
+  workdir, summary, console = straight
   cfg = _cfg()
   total = cfg.sft.steps + cfg.rl.iterations
   assert summary["steps"] == total
@@ -74,11 +78,16 @@ def test_sft_then_rl_end_to_end(straight):
   np.testing.assert_allclose([r["explore/entropy_coef"] for r in rl],
                              [1e-3 * 2**i for i in range(len(rl))], rtol=1e-6)
   np.testing.assert_allclose([r["explore/temperature"] for r in rl], [1.2, 1.0, 0.8], rtol=1e-6)
+  # The tiny policy solves nothing, so the strategy-collapse alarm fires from
+  # the first iteration, in the metrics and on the console.
+  assert all(r["alarm/explore/distinct_success_seqs_solved"] == 1.0 for r in rl)
+  assert "[rl 0] ALARM " in console
+  assert "explore/distinct_success_seqs_solved=0 not in [1.5, inf]" in console
   assert os.listdir(os.path.join(workdir, "tensorboard"))
 
 
 def test_resume_gives_the_same_metrics(straight, tmp_path):
-  workdir, _ = straight
+  workdir, _, _ = straight
   want = _comparable(metrics_lib.read_metrics(os.path.join(workdir, "metrics.jsonl")))
   half = _cfg().sft.steps + 1  # stop inside the RL stage
   resumed = str(tmp_path)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import sys
 import time
 from typing import Any
 
@@ -463,6 +464,7 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
         progress.data_pos += num
         return ids
 
+      last_alarms: set[str] = set()
       while progress.stage_step < n_steps:
         t0 = time.perf_counter()
         it_key = jax.random.fold_in(stage_key, progress.stage_step)
@@ -477,8 +479,15 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
           record.update(evaluate(run, state.params, it_key))
         if progress.stage_step == n_steps - 1:
           summary[f"{name}_success"] = summary["rl_success"] = record["eval/success"]
-        record.update(invariants.alarm_metrics(invariants.check_alarms(
-            record, dict(rl.signal_cfg.bands + rl.shift_cfg.bands + rl.explore_cfg.bands))))
+        bands = dict(rl.signal_cfg.bands + rl.shift_cfg.bands + rl.explore_cfg.bands)
+        alarms = invariants.check_alarms(record, bands)
+        record.update(invariants.alarm_metrics(alarms))
+        fired = {k for k, v in alarms.items() if v}
+        if fired != last_alarms:  # on the console when the set of alarms changes
+          print(f"[{name} {progress.stage_step}] "
+                f"{invariants.format_alarms(record, bands) or 'alarms cleared'}",
+                file=sys.stderr, flush=True)
+          last_alarms = fired
         log(record, t0)
         if progress.stage_step < n_steps and interrupted(state, actors):
           return summary
