@@ -57,11 +57,14 @@ def attention(
     sliding_window: int | jax.Array | None = None,
     softcap: float | None = None,
     scale: float | None = None,
+    kv_layout: str = "BSKD",
 ) -> jax.Array:
   """Multi-head attention with GQA/MQA, in fp32 softmax.
 
   q: ``[B, T, H, D]``; k, v: ``[B, S, K, D]`` with ``H % K == 0`` (query head
-  ``h`` reads key/value head ``h // (H // K)``). Positions default to
+  ``h`` reads key/value head ``h // (H // K)``), or ``[B, K, S, D]`` with
+  ``kv_layout="BKSD"`` (a head-major KV cache, whose heads XLA reads without
+  a transpose). Positions default to
   ``arange`` (so with ``T == S`` this is ordinary causal attention); with a KV
   cache pass the queries' absolute positions and the cache slots' positions.
   ``segment_ids`` ``[B, T]`` (and ``kv_segment_ids`` ``[B, S]``, defaulting to
@@ -72,7 +75,11 @@ def attention(
   in q's dtype.
   """
   B, T, H, D = q_BxTxHxD.shape
-  S, K = k_BxSxKxD.shape[1], k_BxSxKxD.shape[2]
+  if kv_layout not in ("BSKD", "BKSD"):
+    raise ValueError(f"kv_layout must be 'BSKD' or 'BKSD', got {kv_layout!r}")
+  kv = "bskd" if kv_layout == "BSKD" else "bksd"
+  S, K = (k_BxSxKxD.shape[1], k_BxSxKxD.shape[2]) if kv == "bskd" else \
+      (k_BxSxKxD.shape[2], k_BxSxKxD.shape[1])
   if H % K:
     raise ValueError(f"query heads {H} must be a multiple of key/value heads {K}")
   G = H // K
@@ -89,7 +96,7 @@ def attention(
   scale = D ** -0.5 if scale is None else scale
   q = q_BxTxHxD.reshape(B, T, K, G, D)
   s_BxKxGxTxS = jnp.einsum(
-      "btkgd,bskd->bkgts", q, k_BxSxKxD,
+      f"btkgd,{kv}->bkgts", q, k_BxSxKxD,
       preferred_element_type=jnp.float32) * scale
   if softcap is not None:
     s_BxKxGxTxS = softcap * jnp.tanh(s_BxKxGxTxS / softcap)
@@ -100,7 +107,7 @@ def attention(
   p = jnp.where(m, jnp.exp(s_BxKxGxTxS - row_max), 0.0)
   denom = jnp.sum(p, axis=-1, keepdims=True)
   p = p / jnp.where(denom > 0, denom, 1.0)
-  out = jnp.einsum("bkgts,bskd->btkgd", p.astype(v_BxSxKxD.dtype), v_BxSxKxD,
+  out = jnp.einsum(f"bkgts,{kv}->btkgd", p.astype(v_BxSxKxD.dtype), v_BxSxKxD,
                    preferred_element_type=jnp.float32)
   return out.reshape(B, T, H, D).astype(q_BxTxHxD.dtype)
 

@@ -156,7 +156,7 @@ def test_extend_writes_only_its_slots():
   chunk, start = tokens[:, :2], np.array([0, 5, 14])
   *_, cache = jit_extend(params, chunk, start, model.init_cache(config, B, 16),
                          config, return_hidden=True)
-  written = np.any(np.asarray(cache.k) != 0, axis=(0, 3, 4))  # [B, S]
+  written = np.any(np.asarray(cache.k) != 0, axis=(0, 2, 4))  # [B, S]
   for b in range(B):
     np.testing.assert_array_equal(np.flatnonzero(written[b]),
                                   start[b] + np.arange(2))
@@ -398,6 +398,20 @@ def test_chunks_past_the_cache_and_bad_caches_raise():
   with pytest.raises(ValueError, match="cache.k has dtype float32"):
     model.prefill(params, _tokens((2, 2)), cache,
                   dataclasses.replace(config, dtype="bfloat16"))
+
+
+def test_head_major_cache_attention_equals_the_sequence_major_reference():
+  """The KV cache is head-major; the reference reads either layout alike."""
+  q = jax.random.normal(jax.random.key(0), (2, 3, 4, 8))
+  k, v = jax.random.normal(jax.random.key(1), (2, 2, 10, 2, 8))
+  pos = jnp.array([[4, 5, 6], [7, 8, 9]])
+  kv_pos = jnp.broadcast_to(jnp.arange(10), (2, 10))
+  want = reference.attention(q, k, v, q_positions=pos, kv_positions=kv_pos, sliding_window=4)
+  got = attention_lib.attention(q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2),
+                                q_positions_BxT=pos, sliding_window=4)
+  np.testing.assert_allclose(got, want, atol=1e-6)
+  with pytest.raises(ValueError, match="kv_layout"):
+    reference.attention(q, k, v, kv_layout="SBKD")
 
 
 def test_attention_rejects_bad_arguments():

@@ -8,15 +8,18 @@ Two modes, chosen by whether ``q_positions_BxT`` is given:
   ``segment_ids_BxT`` isolate packed or padded sequences. RoPE positions do
   not affect the mask, so within a segment the positions must be contiguous
   for the window to mean what it says (they are for packed sequences).
-* Cache attention (``q_positions_BxT`` given): k and v are a KV cache
-  ``[B, S, K, Dh]`` whose slot j holds the token at absolute position j. A
-  query at position p sees slots ``j <= p`` with ``p - j < window``.
+* Cache attention (``q_positions_BxT`` given): k and v are a head-major KV
+  cache ``[B, K, S, Dh]`` whose slot j holds the token at absolute position
+  j. A query at position p sees slots ``j <= p`` with ``p - j < window``.
+  Head-major, because XLA's CPU dot then reads each head's keys in place; in
+  ``[B, S, K, Dh]`` it transposed the cache at every decode step, the largest
+  cost of a step (BENCHMARKS.md).
 
 Implementations: ``"xla"`` is :func:`agentic_rl.kernels.reference.attention`.
 ``"pallas"`` uses ``agentic_rl.kernels.flash_attention`` for self-attention
 and ``agentic_rl.kernels.decode_attention`` for single-token cache attention
-(T == 1); multi-token cache attention (chunked extend) has no kernel and uses
-the reference.
+(T == 1, given the cache in its ``[B, S, K, Dh]`` layout); multi-token cache
+attention (chunked extend) has no kernel and uses the reference.
 """
 
 from __future__ import annotations
@@ -44,8 +47,9 @@ def attention(
 
   Args:
     q_BxTxHxD: queries, compute dtype.
-    k_BxSxKxD, v_BxSxKxD: keys and values; ``S == T`` for self-attention,
-      the cache length for cache attention. ``H % K == 0``.
+    k_BxSxKxD, v_BxSxKxD: keys and values ``[B, S, K, D]`` for
+      self-attention (``S == T``); for cache attention the head-major cache
+      ``[B, K, S, D]``. ``H % K == 0``.
     impl: "xla" or "pallas".
     segment_ids_BxT: int segment ids (self-attention only).
     q_positions_BxT: int absolute positions of the queries (cache mode).
@@ -76,7 +80,8 @@ def attention(
           softcap=softcap, impl="pallas")
     if q_BxTxHxD.shape[1] == 1:
       out_BxHxD = kernels.decode_attention(
-          q_BxTxHxD[:, 0], k_BxSxKxD, v_BxSxKxD, q_positions_BxT[:, 0] + 1,
+          q_BxTxHxD[:, 0], jnp.swapaxes(k_BxSxKxD, 1, 2), jnp.swapaxes(v_BxSxKxD, 1, 2),
+          q_positions_BxT[:, 0] + 1,
           sliding_window=sliding_window, softcap=softcap, impl="pallas")
       return out_BxHxD[:, None]
 
@@ -85,10 +90,10 @@ def attention(
         q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, causal=True,
         segment_ids=segment_ids_BxT, sliding_window=sliding_window,
         softcap=softcap)
-  B, S = k_BxSxKxD.shape[:2]
+  B, S = k_BxSxKxD.shape[0], k_BxSxKxD.shape[2]
   kv_positions_BxS = jnp.broadcast_to(
       jnp.arange(S, dtype=q_positions_BxT.dtype), (B, S))
   return reference.attention(
       q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, causal=True,
       q_positions=q_positions_BxT, kv_positions=kv_positions_BxS,
-      sliding_window=sliding_window, softcap=softcap)
+      sliding_window=sliding_window, softcap=softcap, kv_layout="BKSD")

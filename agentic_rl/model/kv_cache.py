@@ -28,14 +28,15 @@ from agentic_rl.model.config import TransformerConfig
 
 @struct.dataclass
 class KVCache:
-  """Keys and values of every layer, ``[L, B, S, K, Dh]`` in compute dtype."""
+  """Keys and values of every layer, head-major ``[L, B, K, S, Dh]``, in
+  compute dtype (see ``model.attention`` for why head-major)."""
 
   k: jax.Array
   v: jax.Array
 
   @property
   def max_len(self) -> int:
-    return self.k.shape[2]
+    return self.k.shape[3]
 
 
 def init_cache(config: TransformerConfig, batch: int, max_len: int) -> KVCache:
@@ -43,19 +44,19 @@ def init_cache(config: TransformerConfig, batch: int, max_len: int) -> KVCache:
   config.validate()
   if batch < 1 or max_len < 1:
     raise ValueError(f"batch and max_len must be >= 1, got {batch}, {max_len}")
-  shape = (config.n_layers, batch, max_len, config.n_kv_heads, config.head_dim)
+  shape = (config.n_layers, batch, config.n_kv_heads, max_len, config.head_dim)
   # Two buffers, not one shared: the cache is donated to jitted steps.
   return KVCache(k=jnp.zeros(shape, config.compute_dtype),
                  v=jnp.zeros(shape, config.compute_dtype))
 
 
 def _check_cache(cache: KVCache, config: TransformerConfig, batch: int):
-  expected = (config.n_layers, batch, cache.max_len, config.n_kv_heads,
+  expected = (config.n_layers, batch, config.n_kv_heads, cache.max_len,
               config.head_dim)
   for name, x in (("k", cache.k), ("v", cache.v)):
     if x.shape != expected:
       raise ValueError(f"cache.{name} has shape {x.shape}, expected {expected} "
-                       "([layers, batch, max_len, kv_heads, head_dim])")
+                       "([layers, batch, kv_heads, max_len, head_dim])")
     if x.dtype != config.compute_dtype:
       raise ValueError(f"cache.{name} has dtype {x.dtype}, expected the "
                        f"compute dtype {config.compute_dtype}")
@@ -76,8 +77,9 @@ def _run(params, tokens_BxT, positions_BxT, cache, config, *, from_start):
     p, window, i = layer
 
     def attend(q, k, v):
-      k_all = k_cache.at[i, rows_Bx1, positions_BxT].set(k, mode="drop")
-      v_all = v_cache.at[i, rows_Bx1, positions_BxT].set(v, mode="drop")
+      # Advanced indices around a slice: the update is laid out [B, T, K, Dh].
+      k_all = k_cache.at[i, rows_Bx1, :, positions_BxT].set(k, mode="drop")
+      v_all = v_cache.at[i, rows_Bx1, :, positions_BxT].set(v, mode="drop")
       kwargs = dict(impl=config.attn_impl, softcap=config.attn_logit_softcap,
                     sliding_window=transformer.layer_window(window, config))
       if from_start:
