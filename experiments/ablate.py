@@ -77,7 +77,7 @@ HEADERS = {
     "rollouts_per_iter": "rollouts / iter",
     "distinct_success_seqs": "distinct successful strategies / solved group",
     "distinct_tool_seqs": "distinct tool sequences / group", "entropy": "mean token entropy",
-    "kl_behaviour_learner": "mean KL(behaviour || learner)",
+    "kl_behaviour_learner": "mean KL(behaviour ‖ learner)",
     "staleness_mean": "mean staleness", "is_ratio_max": "max IS ratio",
 }
 
@@ -146,8 +146,9 @@ def _records(workdir: str) -> list[dict]:
 
 
 def _series(rl: list[dict], name: str) -> list[list[float]]:
-  """``[[iteration, value], ...]`` of one metric over the RL stage (1-based)."""
-  return [[i + 1, float(r[name])] for i, r in enumerate(rl) if name in r]
+  """``[[iteration, value], ...]`` of one metric over the RL stage (1-based),
+  values to 6 significant digits."""
+  return [[i + 1, float(f"{r[name]:.6g}")] for i, r in enumerate(rl) if name in r]
 
 
 def _summarise(series: dict[str, list], sft: dict[str, float]) -> dict[str, float]:
