@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -30,6 +31,9 @@ def _cfg():
   cfg = default.get_config("tiny")
   cfg.rl.max_staleness = 1  # exercise the off-policy path and its checkpointed actors
   cfg.rl.signal.prompt_sampling = "prioritised"  # draws from the checkpointed history
+  # Two difficulty levels, level 0 alone for the first two RL iterations.
+  cfg.tasks.difficulty = (0, 1)
+  cfg.rl.signal.curriculum = ((0, 0, 0), (2, 0, 1))
   # ... and the exploration controllers, whose state the resume must restore:
   # an entropy band above any reachable entropy, so the coefficient rises
   # every iteration, and a linear temperature decay.
@@ -78,6 +82,8 @@ def test_sft_then_rl_end_to_end(straight):
   np.testing.assert_allclose([r["explore/entropy_coef"] for r in rl],
                              [1e-3 * 2**i for i in range(len(rl))], rtol=1e-6)
   np.testing.assert_allclose([r["explore/temperature"] for r in rl], [1.2, 1.0, 0.8], rtol=1e-6)
+  assert [r["signal/prompt_difficulty"] for r in rl[:2]] == [0.0, 0.0]
+  assert rl[2]["signal/prompt_difficulty"] > 0
   # The tiny policy solves nothing, so the strategy-collapse alarm fires from
   # the first iteration, in the metrics and on the console.
   assert all(r["alarm/explore/distinct_success_seqs_solved"] == 1.0 for r in rl)
@@ -113,7 +119,8 @@ def test_resume_gives_the_same_metrics(straight, tmp_path):
     (lambda c: setattr(c.rl, "advantage", "remax"), "remax"),
     (lambda c: (setattr(c.rl, "advantage", "reinforce_pp"),
                 c.rl.signal.update(allocation="knapsack", knapsack_n_min=1)), "ragged"),
-    (lambda c: c.rl.signal.update(curriculum=((0, 1, 2),)), "curriculum"),
+    (lambda c: c.rl.signal.update(curriculum=((0, 2, 3),)), "curriculum"),
+    (lambda c: setattr(c.tasks, "difficulty", (1, -1)), "difficulty"),
     (lambda c: c.rl.exploration.update(entropy_band=(0.1,)), "entropy_band"),
     # An adaptive coefficient must start inside its bounds (here 0 < min).
     (lambda c: c.rl.exploration.update(entropy_band=(0.1, 0.5)), "entropy_coef"),
@@ -148,3 +155,18 @@ def test_group_advantages_equal_and_ragged_groups():
   ragged = loop.group_advantages(grpo, rewards, np.array([0, 0, 0, 1, 1, 1, 1, 1]), 2)
   np.testing.assert_allclose(ragged[:3], np.asarray(grpo(rewards[None, :3]))[0])
   np.testing.assert_allclose(ragged[3:], np.asarray(grpo(rewards[None, 3:]))[0])
+
+
+def test_task_pool_levels_cycle_and_match_single_level_generation():
+  cfg = default.get_config("tiny")
+  run = loop.build(cfg)
+  tasks = loop.Tasks(run.env, seed=0, difficulty=(0, 2), prompt_len=80)
+  ids = np.array([5, 0, 3, 2])
+  np.testing.assert_array_equal(tasks.difficulty_of(ids), [2, 0, 2, 0])
+  mixed = tasks.instances("train", ids)
+  for level in (0, 2):
+    alone = loop.Tasks(run.env, seed=0, difficulty=level, prompt_len=80)
+    rows = np.flatnonzero(tasks.difficulty_of(ids) == level)
+    want = alone.instances("train", ids[rows])
+    for got_leaf, want_leaf in zip(jax.tree.leaves(mixed), jax.tree.leaves(want)):
+      np.testing.assert_array_equal(np.asarray(got_leaf)[rows], want_leaf)

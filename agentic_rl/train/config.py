@@ -96,6 +96,11 @@ def validate(cfg) -> None:
   if unknown:
     _err(f"config.tasks.families has unknown task families {sorted(unknown)}; "
          f"valid: {sorted(registry.ENVS)}")
+  levels = cfg.tasks.difficulty
+  levels = tuple(levels) if isinstance(levels, (tuple, list)) else (levels,)
+  if not levels or not all(isinstance(d, int) and d >= 0 for d in levels):
+    _err(f"config.tasks.difficulty must be a level >= 0 or a non-empty tuple of them, got "
+         f"{cfg.tasks.difficulty!r}")
   if len(cfg.tasks.weights) != len(cfg.tasks.families):
     _err("config.tasks.weights needs one weight per family in config.tasks.families")
   tok = tok_lib.load_tokenizer()  # also checks the reserved pieces
@@ -125,10 +130,10 @@ def validate(cfg) -> None:
              f"batch-normalising estimator {stage.advantage!r} does not support; use a "
              "group estimator (grpo, dr_grpo, rloo, kimi)")
       shift_config(stage)
-      if signal_config(stage).curriculum:
-        _err(f"config.{name}.signal.curriculum needs prompts of several difficulties; the "
-             "trainer's task pool has one (config.tasks.difficulty). Use "
-             "invariants.signal.select_prompts with difficulty labels in your own loop")
+      for start, lo, hi in signal_config(stage).curriculum:
+        if not any(lo <= d <= hi for d in levels):
+          _err(f"config.{name}.signal.curriculum stage at step {start} admits difficulties "
+               f"[{lo}, {hi}], but the task pool has only {levels} (config.tasks.difficulty)")
       expl = exploration_config(stage)
       if (expl.temperature_schedule != "constant"
           and model_config(cfg, tok.vocab_size).final_logit_softcap is not None):

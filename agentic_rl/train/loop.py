@@ -49,7 +49,7 @@ from agentic_rl.train import config as config_lib
 from agentic_rl.train import learner
 from agentic_rl.train import metrics as metrics_lib
 from agentic_rl.train import sharding
-from agentic_rl.train.tasks import Tasks, encode_prompts, generate
+from agentic_rl.train.tasks import Tasks, encode_prompts, generate_levels
 
 
 @dataclasses.dataclass
@@ -143,7 +143,8 @@ def demonstrations(run: Run, stage, key) -> dict[str, np.ndarray]:
     per_strategy = -(-int(round(stage.num_demos * w)) // len(env.strategies))
     for s in range(len(env.strategies)):
       k_inst, k_play = jax.random.split(jax.random.fold_in(jax.random.fold_in(key, f), s))
-      inst = generate(env, jax.random.split(k_inst, per_strategy), run.cfg.tasks.difficulty)
+      inst = generate_levels(env, jax.random.split(k_inst, per_strategy),
+                             run.tasks.difficulty_of(np.arange(per_strategy)))
       prompts, plens = encode_prompts(env, inst, T)
       traj = scripted.batch_rollouts(env, inst, jax.random.split(k_play, per_strategy),
                                      strategy=s, noise=stage.demo_noise)
@@ -314,6 +315,7 @@ def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_
   metrics.update(signal.signal_metrics(success, advantages_B,
                                        batch.loss_mask_BxT, loss_weight_BxT=weights, **groups))
   metrics.update(sampled.metrics)
+  metrics["signal/prompt_difficulty"] = float(np.mean(run.tasks.difficulty_of(sampled.prompt_ids)))
   metrics.update(shift.shift_metrics(batch.loss_mask_BxT, batch.behaviour_logp_BxT,
                                      old_logp, batch.version_BxT, version))
   metrics.update(shift_stats)
@@ -457,9 +459,12 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
         controls = dataclasses.replace(controls, entropy_coef=rl.explore_cfg.entropy_coef)
 
       def draw_prompts(num, key):
-        """In data order, or prioritised by each prompt's failure rate (Kimi k1.5)."""
-        if rl.signal_cfg.prompt_sampling == "prioritised":
-          return signal.select_prompts(rl.signal_cfg, controls.history, num, key)
+        """In data order, or prioritised by each prompt's failure rate and/or
+        restricted to the curriculum's current difficulties (Kimi k1.5)."""
+        if rl.signal_cfg.prompt_sampling == "prioritised" or rl.signal_cfg.curriculum:
+          return signal.select_prompts(
+              rl.signal_cfg, controls.history, num, key, step=progress.stage_step,
+              difficulty_N=run.tasks.difficulty_of(np.arange(cfg.tasks.train_size)))
         ids = (progress.data_pos + np.arange(num)) % cfg.tasks.train_size
         progress.data_pos += num
         return ids

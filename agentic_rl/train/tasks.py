@@ -8,8 +8,10 @@ datasets), so train, validation and test draw from disjoint key streams.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from agentic_rl.envs import prompts as prompts_lib
@@ -18,17 +20,25 @@ from agentic_rl.text import codec as codec_lib
 
 
 class Tasks:
-  """Instances of one environment (or mixture) at one difficulty."""
+  """Instances of one environment (or mixture); prompt ``i`` of every split has
+  difficulty ``levels[i % len(levels)]``."""
 
-  def __init__(self, env, *, seed: int, difficulty: int, prompt_len: int):
+  def __init__(self, env, *, seed: int, difficulty: int | Sequence[int], prompt_len: int):
     self.env = env
     self.seed = seed
-    self.difficulty = difficulty
+    self.levels = tuple(int(d) for d in difficulty) if isinstance(difficulty, Sequence) \
+        else (int(difficulty),)
     self.prompt_len = prompt_len
+
+  def difficulty_of(self, ids) -> np.ndarray:
+    """int ``[N]``: the difficulty level of prompts ``ids``."""
+    return np.asarray(self.levels)[np.asarray(ids) % len(self.levels)]
 
   def instances(self, split: str, ids: np.ndarray):
     """Instance pytree with leading axis ``len(ids)``."""
-    return generate(self.env, splits.instance_keys(self.seed, split, ids), self.difficulty)
+    ids = np.asarray(ids)
+    return generate_levels(self.env, splits.instance_keys(self.seed, split, ids),
+                           self.difficulty_of(ids))
 
   def prompts(self, instances) -> tuple[np.ndarray, np.ndarray]:
     """``(prompts_NxL, prompt_len_N)``: the codec's prompt ids, right-padded."""
@@ -39,6 +49,18 @@ class Tasks:
 def generate(env, keys_N: jax.Array, difficulty: int):
   """``vmap(env.generate)`` over keys, compiled once per environment."""
   return jax.vmap(lambda k: env.generate(k, difficulty))(keys_N)
+
+
+def generate_levels(env, keys_N: jax.Array, levels_N: np.ndarray):
+  """``generate`` with a difficulty level per row (one compile per level)."""
+  levels_N = np.asarray(levels_N)
+  unique = np.unique(levels_N)
+  if len(unique) == 1:
+    return generate(env, keys_N, int(unique[0]))
+  rows = [np.flatnonzero(levels_N == level) for level in unique]
+  parts = [generate(env, keys_N[r], int(level)) for r, level in zip(rows, unique)]
+  inverse = np.argsort(np.concatenate(rows))
+  return jax.tree.map(lambda *xs: jnp.concatenate(xs)[inverse], *parts)
 
 
 def encode_prompts(env, instances, prompt_len: int) -> tuple[np.ndarray, np.ndarray]:

@@ -90,7 +90,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.tasks = ml_collections.ConfigDict(dict(
       families=("calc_chain", "multihop"),
       weights=(0.5, 0.5),
-      difficulty=1,
+      # Difficulty levels of the task pool: prompt i has difficulty[i % len].
+      difficulty=(1,),
       rewards=ml_collections.ConfigDict(dict(outcome=1.0, format=0.1, efficiency=0.1)),
       train_size=20_000,
       test_size=256,
