@@ -342,6 +342,11 @@ def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_
 
 
 # ------------------------------------------------------------------ the run
+# The console progress line: what is learnt, and one number per invariant.
+PROGRESS_KEYS = ("sft/nll", "reward/outcome", "eval/success", "explore/entropy",
+                 "signal/zero_variance_frac", "shift/kl_behaviour_learner")
+
+
 @dataclasses.dataclass
 class Progress:
   """Host-side position of the run (checkpointed as JSON meta)."""
@@ -391,7 +396,8 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
                         float(restored["entropy_coef"]))
     root_key = restored["rng"]
     print(f"resuming {workdir} at step {progress.global_step}")
-  writer = metrics_lib.MetricsWriter(workdir, total, start_step=progress.global_step)
+  writer = metrics_lib.MetricsWriter(workdir, total, start_step=progress.global_step,
+                                     progress_keys=PROGRESS_KEYS)
 
   def save(state: learner.TrainState, actors):
     tree = {"params": state.params, "opt_state": state.opt_state, "step": state.step,
