@@ -13,6 +13,8 @@ An RL iteration:
    Reinforce-Ada or Knapsack), sampling through the jitted rollout engine with
    the *actor's* parameters, which lag the learner by ``max_staleness``
    updates in off-policy mode;
+   the exploration controllers set the sampling temperature (schedule) and
+   the entropy-bonus coefficient (band controller), passed as data;
 2. advantages from the rewards of each group (``objectives``);
 3. the learner scores the batch once (``old_logp``: the iteration's start,
    which is also the train/inference mismatch monitor), the shift controller
