@@ -17,7 +17,6 @@ mean +- std over seeds) and one PNG per study.
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import os
 import shutil
 import subprocess
@@ -29,6 +28,7 @@ import numpy as np
 from absl import app, flags
 
 from agentic_rl.train import metrics as metrics_lib
+from experiments import common
 from experiments.configs import ablations
 
 _OUT = flags.DEFINE_string("out", "docs/ablations", "Where results and plots go.")
@@ -272,10 +272,10 @@ def plot(results: dict, out_dir: str) -> list[str]:
 
 
 def write(results: dict, out_dir: str, command: str) -> None:
-  os.makedirs(out_dir, exist_ok=True)
   results = dict(results, command=command, comparisons=comparisons(results))
-  with open(os.path.join(out_dir, "results.json"), "w") as f:
-    json.dump(results, f, indent=1, sort_keys=True)
+  # Compact: every per-iteration series of every run is in it.
+  common.write_json(os.path.join(out_dir, "results.json"), results, indent=None,
+                    separators=(",", ":"), sort_keys=True)
   with open(os.path.join(out_dir, "results.md"), "w") as f:
     f.write(f"Command: `{command}`\n\n{table(results)}\n")
     for k, v in results["comparisons"].items():

@@ -18,13 +18,13 @@ import os
 import time
 
 import jax
-import numpy as np
 from absl import app
 from absl import flags
 
 from agentic_rl.envs import registry
 from agentic_rl.envs import scripted
 from agentic_rl.text import default_codec
+from experiments import common
 
 _BATCH = flags.DEFINE_integer("batch", 1024, "Episodes per batch.")
 _DIFFICULTY = flags.DEFINE_integer("difficulty", 0, "Difficulty level.")
@@ -80,9 +80,7 @@ def main(argv):
   report = {"device": str(jax.devices()[0]), "jax": jax.__version__,
             "cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0],
             "results": results}
-  os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)
-  with open(_OUT.value, "w") as f:
-    json.dump(report, f, indent=2)
+  common.write_json(_OUT.value, report)
   print(f"wrote {_OUT.value}")
 
 

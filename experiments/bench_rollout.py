@@ -26,7 +26,6 @@ is reported. Prints a table and writes JSON with ``engine_tokens_per_s``,
 the model size and batch measured.
 """
 
-import json
 import os
 import platform
 import tempfile
@@ -40,6 +39,7 @@ from absl import flags
 
 from agentic_rl import model as model_lib
 from agentic_rl import rollout
+from experiments import common
 
 _OUT = flags.DEFINE_string("out", "runs/bench_rollout.json", "JSON output path.")
 _BATCH = flags.DEFINE_integer("batch", 32, "Rows per batch.")
@@ -182,9 +182,7 @@ def main(argv):
   for name in ("engine", "no_cache", "hf_generate"):
     rate = result[f"{name}_tokens_per_s"]
     print(f"{name:<14}{rate:>12.0f}{result['engine_tokens_per_s'] / rate:>10.2f}")
-  os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)
-  with open(_OUT.value, "w") as f:
-    json.dump(result, f, indent=2)
+  common.write_json(_OUT.value, result)
   print(f"wrote {_OUT.value}")
 
 

@@ -135,7 +135,7 @@ def validate(cfg) -> None:
           _err(f"config.{name}.signal.curriculum stage at step {start} admits difficulties "
                f"[{lo}, {hi}], but the task pool has only {levels} (config.tasks.difficulty)")
       expl = exploration_config(stage)
-      if (expl.temperature_schedule != "constant"
+      if (expl.scheduled_temperature
           and model_config(cfg, tok.vocab_size).final_logit_softcap is not None):
         _err(f"config.{name}.exploration.temperature_schedule needs final_logit_softcap=None "
              "(the learner scores a scheduled temperature by scaling hidden states)")

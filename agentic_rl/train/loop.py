@@ -177,6 +177,12 @@ def _gather_rows(parts: list[Rollout], call: np.ndarray, row: np.ndarray) -> Rol
   return jax.tree.map(lambda x: x[flat], stacked)
 
 
+def _equal_group_size(group_B: np.ndarray, num_groups: int) -> int | None:
+  """G when every group holds G rows (a ``[P, G]`` layout), else None."""
+  sizes = np.bincount(group_B, minlength=num_groups)
+  return int(sizes[0]) if (sizes == sizes[0]).all() else None
+
+
 def group_advantages(adv_fn, rewards_B: np.ndarray, group_B: np.ndarray,
                      num_groups: int) -> np.ndarray:
   """Per-rollout advantages from a group estimator, for equal or ragged groups.
@@ -186,9 +192,9 @@ def group_advantages(adv_fn, rewards_B: np.ndarray, group_B: np.ndarray,
   at a time, as ``[1, n_i]``, which is exact for every estimator that
   normalises within a group.
   """
-  sizes = np.bincount(group_B, minlength=num_groups)
-  if (sizes == sizes[0]).all():
+  if _equal_group_size(group_B, num_groups):
     return np.asarray(adv_fn(jnp.asarray(rewards_B.reshape(num_groups, -1)))).reshape(-1)
+  sizes = np.bincount(group_B, minlength=num_groups)
   bounds = np.concatenate([[0], np.cumsum(sizes)])
   return np.concatenate([np.asarray(adv_fn(jnp.asarray(rewards_B[a:b][None])))[0]
                          for a, b in zip(bounds[:-1], bounds[1:])])
@@ -226,10 +232,10 @@ def make_rl_stage(run: Run, stage, optimizer, params) -> RLStage:
                                         top_k=stage.top_k, top_p=stage.top_p)
   objective = config_lib.objective_config(stage)
   explore_cfg = config_lib.exploration_config(stage)
-  scheduled = explore_cfg.temperature_schedule != "constant"
+  scheduled = explore_cfg.scheduled_temperature
   loss_fn = learner.rl_loss(run.model_config, objective, temperature=stage.temperature,
                             logprob_impl=cfg.model.logprob_impl,
-                            adaptive_entropy=explore_cfg.entropy_band is not None,
+                            adaptive_entropy=explore_cfg.adaptive_entropy,
                             scheduled_temperature=scheduled)
   step_fn, state_sharding = learner.shard_train_step(
       learner.make_train_step(loss_fn, optimizer, micro_batches=cfg.micro_batches),
@@ -255,7 +261,7 @@ def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_
   P, G = stage.prompts_per_step, stage.group_size
   history = controls.history
   tau = float(exploration.temperature_at(rl.explore_cfg, step))
-  scheduled = rl.explore_cfg.temperature_schedule != "constant"
+  scheduled = rl.explore_cfg.scheduled_temperature
   parts: list[Rollout] = []
   rollout_tokens = [0]
   t0 = time.perf_counter()
@@ -305,15 +311,14 @@ def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_
   success = np.asarray(batch.reward_components["outcome"]) > 0.5
   metrics = {"reward/mean": float(rewards.mean())}
   metrics.update({f"reward/{k}": float(np.mean(v)) for k, v in batch.reward_components.items()})
-  sizes = np.bincount(sampled.group, minlength=sampled.num_groups)
-  if (sizes == sizes[0]).all():  # equal groups: [P, G] layout, with edit distances
-    metrics.update(exploration.exploration_metrics(
-        batch.entropy_BxT, batch.loss_mask_BxT,
-        batch.call_hashes_BxC.reshape(sampled.num_groups, sizes[0], -1),
-        success.reshape(sampled.num_groups, -1)))
+  G_equal = _equal_group_size(sampled.group, sampled.num_groups)
+  if G_equal:  # the [P, G] layout, which also gets edit distances
+    hashes = batch.call_hashes_BxC.reshape(sampled.num_groups, G_equal, -1)
+    layout = {}
   else:
-    metrics.update(exploration.exploration_metrics(
-        batch.entropy_BxT, batch.loss_mask_BxT, batch.call_hashes_BxC, success, **groups))
+    hashes, layout = batch.call_hashes_BxC, groups
+  metrics.update(exploration.exploration_metrics(
+      batch.entropy_BxT, batch.loss_mask_BxT, hashes, success, **layout))
   metrics.update(signal.signal_metrics(success, advantages_B,
                                        batch.loss_mask_BxT, loss_weight_BxT=weights, **groups))
   metrics.update(sampled.metrics)

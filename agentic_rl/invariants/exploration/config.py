@@ -72,3 +72,13 @@ class ExplorationConfig:
       raise ValueError(f"temperature_schedule={self.temperature_schedule!r} needs "
                        "temperature_steps > 0")
     validate_bands(self.bands, "explore")
+
+  @property
+  def adaptive_entropy(self) -> bool:
+    """Whether the entropy-bonus coefficient follows ``entropy_band``."""
+    return self.entropy_band is not None
+
+  @property
+  def scheduled_temperature(self) -> bool:
+    """Whether the sampling temperature changes over training."""
+    return self.temperature_schedule != "constant"
