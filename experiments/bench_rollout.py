@@ -11,8 +11,11 @@ architecture with the same weights (checked: max |logit difference| on the
 prompts). Each samples ``--new_tokens`` tokens per row at temperature 1 with no
 stop token, for a batch of ``--batch`` random prompts:
 
-* ``engine``: ``RolloutEngine.rollout`` (one jit: prefill, then a
-  ``lax.while_loop`` of KV-cache ``decode_step``), no environment;
+* ``engine``: ``RolloutEngine.rollout`` (one jit: prefill, then
+  ``lax.while_loop`` s of KV-cache ``decode_step``, the cache growing to its
+  full length in ``cache_segments=4`` steps), no environment;
+* ``engine_full_cache``: the same with ``cache_segments=1`` (every step
+  attends over all ``prompt_len + new_tokens`` slots);
 * ``no_cache``: the same model re-running ``forward`` over the whole
   ``[B, prompt_len + new_tokens]`` token buffer for every new token (one
   jitted ``fori_loop``); every step costs the same, so it runs
@@ -22,8 +25,9 @@ stop token, for a batch of ``--batch`` random prompts:
 
 Compilation and a warm-up are excluded; the best of ``--repeats`` timed runs
 is reported. Prints a table and writes JSON with ``engine_tokens_per_s``,
-``no_cache_tokens_per_s``, ``hf_generate_tokens_per_s``, the speedups, and
-the model size and batch measured.
+``engine_full_cache_tokens_per_s``, ``no_cache_tokens_per_s``,
+``hf_generate_tokens_per_s``, the speedups, and the model size and batch
+measured.
 """
 
 import os
@@ -120,18 +124,20 @@ def main(argv):
   sampling = rollout.SamplingConfig(max_new_tokens_per_turn=N, max_turns=1,
                                     max_total_tokens=T)
   # Plain generation: no stop ids, no environment, one prompt per row.
-  engine = rollout.RolloutEngine(config, sampling, None, batch_size=B)
   lens = np.full((B,), L, np.int32)
   key = jax.random.key(_SEED.value)
-  start = time.perf_counter()
-  out = jax.block_until_ready(engine.rollout(params, prompts, lens, None, key, 0))
-  engine_compile_s = time.perf_counter() - start
-  if not np.all(np.asarray(out.length_B) == T):
-    raise RuntimeError(f"engine rows hold {np.asarray(out.length_B)} tokens, "
-                       f"expected {T}")
-  engine_s = _best_time(
-      lambda: engine.rollout(params, prompts, lens, None, key, 0).tokens_BxT,
-      _REPEATS.value)
+  engine_s, compile_s = {}, {}
+  for name, segments in (("engine", 4), ("engine_full_cache", 1)):
+    engine = rollout.RolloutEngine(config, sampling, None, batch_size=B,
+                                   cache_segments=segments)
+    run = lambda: engine.rollout(params, prompts, lens, None, key, 0)
+    start = time.perf_counter()
+    out = jax.block_until_ready(run())
+    compile_s[name] = time.perf_counter() - start
+    if not np.all(np.asarray(out.length_B) == T):
+      raise RuntimeError(f"{name} rows hold {np.asarray(out.length_B)} tokens, "
+                         f"expected {T}")
+    engine_s[name] = _best_time(lambda: run().tokens_BxT, _REPEATS.value)
 
   steps = min(_NO_CACHE_STEPS.value, N)
   no_cache = _no_cache_sampler(params, config, sampling, steps)
@@ -155,10 +161,13 @@ def main(argv):
   hf_s = min(times)
 
   result = {
-      "engine_tokens_per_s": B * N / engine_s,
+      "engine_tokens_per_s": B * N / engine_s["engine"],
+      "engine_full_cache_tokens_per_s": B * N / engine_s["engine_full_cache"],
       "no_cache_tokens_per_s": B * steps / no_cache_s,
       "hf_generate_tokens_per_s": B * N / hf_s,
-      "engine_s": engine_s, "engine_compile_s": engine_compile_s,
+      "engine_s": engine_s["engine"], "engine_compile_s": compile_s["engine"],
+      "engine_full_cache_s": engine_s["engine_full_cache"],
+      "engine_full_cache_compile_s": compile_s["engine_full_cache"],
       "no_cache_s": no_cache_s, "no_cache_steps": steps, "hf_generate_s": hf_s,
       "model_params": num_params, "model": "llama_10m", "batch": B,
       "new_tokens": N, "prompt_len": L, "repeats": _REPEATS.value,
@@ -179,7 +188,7 @@ def main(argv):
         f"{logit_diff:.1e}; load average {load_start:.1f} -> "
         f"{os.getloadavg()[0]:.1f})")
   print(f"{'contender':<14}{'tokens/s':>12}{'x engine':>10}")
-  for name in ("engine", "no_cache", "hf_generate"):
+  for name in ("engine", "engine_full_cache", "no_cache", "hf_generate"):
     rate = result[f"{name}_tokens_per_s"]
     print(f"{name:<14}{rate:>12.0f}{result['engine_tokens_per_s'] / rate:>10.2f}")
   common.write_json(_OUT.value, result)

@@ -95,6 +95,9 @@ def _tokens(shape, seed=0):
 def test_prefill_extend_decode_match_forward(name):
   """Right-padded prompts of lengths 5/3/7, a chunk, then token by token.
 
+  Covers both parameter layouts (stacked for the prefill, per-layer fused
+  for the rest) and a cache grown between prefill and decoding.
+
   The 2-token chunk (``extend`` at per-row starts) runs on the windowed
   configs, where a chunk straddling the window edge is the tricky case; the
   others go straight to decoding (each jit compile costs a CPU second).
@@ -108,8 +111,12 @@ def test_prefill_extend_decode_match_forward(name):
   lengths = np.array([5, 3, 7])
   junk = _tokens((B, P), seed=1)  # Pads differ from the true continuation.
   prompt = np.where(np.arange(P) < lengths[:, None], tokens[:, :P], junk)
-  cache = model.init_cache(config, B, S)
-  logits, cache = jit_prefill(params, prompt, cache, config)
+  # Prefill a cache just long enough with the stacked params, grow it, then
+  # extend and decode with the per-layer fused params of the rollout engine.
+  logits, cache = jit_prefill(params, prompt, model.init_cache(config, B, P),
+                              config)
+  cache = model.grow_cache(cache, S)
+  params = model.unstack_layers(params)
   chex.assert_shape(logits, (B, P, V))
   chex.assert_type(logits, jnp.float32)
   logits = np.asarray(logits)
@@ -160,6 +167,31 @@ def test_extend_writes_only_its_slots():
   for b in range(B):
     np.testing.assert_array_equal(np.flatnonzero(written[b]),
                                   start[b] + np.arange(2))
+
+
+def test_grow_cache_appends_zero_slots_and_unstack_layers_fuses():
+  config = CONFIGS[FEAT]
+  cache = jax.tree.map(lambda x: x + 1.0, model.init_cache(config, B, 4))
+  grown = model.grow_cache(cache, 6)
+  assert grown.max_len == 6 and len(grown.k) == config.n_layers
+  for old, new in zip(cache.k + cache.v, grown.k + grown.v):
+    np.testing.assert_array_equal(new[:, :, :4], old)
+    np.testing.assert_array_equal(new[:, :, 4:], 0.0)
+  assert model.grow_cache(cache, 4) is cache
+  with pytest.raises(ValueError, match="cannot grow a KV cache of 4 slots to 3"):
+    model.grow_cache(cache, 3)
+
+  params = _params(config)
+  split = model.unstack_layers(params)
+  assert model.unstack_layers(split) is split
+  H, K, Dh, D = config.n_heads, config.n_kv_heads, config.head_dim, config.d_model
+  for i, p in enumerate(split["layers"]):
+    chex.assert_shape(p["w_qkv"], (D, (H + 2 * K) * Dh))
+    chex.assert_shape(p["b_qkv"], ((H + 2 * K) * Dh,))
+    chex.assert_shape(p["w_gate_up"], (D, 2 * config.mlp_dim))
+    np.testing.assert_array_equal(p["w_qkv"][:, H * Dh:(H + K) * Dh],
+                                  params["layers"]["wk"][i].reshape(D, K * Dh))
+    assert "wq" not in p and "w_up" not in p
 
 
 # --- forward properties ------------------------------------------------------
@@ -393,6 +425,8 @@ def test_chunks_past_the_cache_and_bad_caches_raise():
     model.decode_step(params, _tokens((2,)), jnp.array([-1, 0]), cache, config)
   with pytest.raises(ValueError, match="cache.k has shape"):
     model.prefill(params, _tokens((3, 2)), cache, config)
+  with pytest.raises(ValueError, match="cache.k holds 1 layers, expected 2"):
+    model.prefill(params, _tokens((2, 2)), cache.replace(k=cache.k[:1]), config)
   with pytest.raises(ValueError, match="start_B must have shape"):
     model.extend(params, _tokens((2, 2)), jnp.array([0]), cache, config)
   with pytest.raises(ValueError, match="cache.k has dtype float32"):

@@ -175,6 +175,34 @@ def test_temperature_override_equals_an_engine_built_at_that_temperature(setup):
     s["engine"].rollout(*args, temperature=0.0)
 
 
+def test_cache_sizes():
+  sizes = rollout.engine.cache_sizes
+  assert sizes(16, 272, 4) == (72, 144, 216, 272)
+  assert sizes(16, 272, 1) == (272,)
+  assert sizes(0, 128, 4) == (64, 128)  # Steps of at least 64 slots.
+  assert sizes(64, 128, 4) == (128,)
+  assert sizes(128, 128, 4) == (128,)
+
+
+def test_growing_the_cache_changes_no_token(setup):
+  """T = 128 in 4 segments: the cache starts at the prompt, grows to 64, then
+  128 slots; sampled episodes cross both sizes."""
+  s = setup
+  assert s["engine"].cache_segments == 4
+  args = (s["params"], s["prompts"], s["prompt_len"], s["instances"],
+          jax.random.key(11), 0)
+  grown = s["engine"].rollout(*args)
+  full = rollout.RolloutEngine(
+      s["config"], SAMPLING, s["codec"].ids, env=s["env"],
+      batch_size=P * G, group_size=G, cache_segments=1).rollout(*args)
+  assert int(np.max(grown.length_B)) > 64
+  np.testing.assert_array_equal(grown.tokens_BxT, full.tokens_BxT)
+  np.testing.assert_array_equal(grown.loss_mask_BxT, full.loss_mask_BxT)
+  np.testing.assert_allclose(grown.behaviour_logp_BxT, full.behaviour_logp_BxT,
+                             atol=1e-6)
+  np.testing.assert_array_equal(grown.reward_B, full.reward_B)
+
+
 def test_mismatch_metrics_hand_computed():
   b = jnp.array([[0.0, -1.0, -2.0]])
   l = jnp.array([[5.0, -1.5, -1.0]])

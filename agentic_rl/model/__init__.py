@@ -8,9 +8,9 @@
 from agentic_rl.model import hf
 from agentic_rl.model.config import TransformerConfig, alternating_windows
 from agentic_rl.model.kv_cache import (KVCache, decode_step, extend,
-                                       init_cache, prefill)
+                                       grow_cache, init_cache, prefill)
 from agentic_rl.model.transformer import (forward, init_params, param_axes,
-                                          unembedding)
+                                          unembedding, unstack_layers)
 
 __all__ = [
     "KVCache",
@@ -19,10 +19,12 @@ __all__ = [
     "decode_step",
     "extend",
     "forward",
+    "grow_cache",
     "hf",
     "init_cache",
     "init_params",
     "param_axes",
     "prefill",
     "unembedding",
+    "unstack_layers",
 ]

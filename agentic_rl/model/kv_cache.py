@@ -19,7 +19,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import struct
-from jax import lax
 
 from agentic_rl.model import transformer
 from agentic_rl.model.attention import attention
@@ -28,15 +27,23 @@ from agentic_rl.model.config import TransformerConfig
 
 @struct.dataclass
 class KVCache:
-  """Keys and values of every layer, head-major ``[L, B, K, S, Dh]``, in
-  compute dtype (see ``model.attention`` for why head-major)."""
+  """Keys and values, one head-major ``[B, K, S, Dh]`` array per layer
+  (tuples of L arrays), in compute dtype.
 
-  k: jax.Array
-  v: jax.Array
+  One buffer per layer rather than a stacked ``[L, B, K, S, Dh]`` one: a
+  decode step updates each layer's buffer in place and its attention reads
+  it in place. With a stacked cache, a layer scan has to slice layer ``l``
+  out of the carry, and XLA copies that slice (the whole cache, every step):
+  36 against 27 ms per token at batch 32 (BENCHMARKS.md). Head-major: see
+  ``model.attention``.
+  """
+
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
 
   @property
   def max_len(self) -> int:
-    return self.k.shape[3]
+    return self.k[0].shape[2]
 
 
 def init_cache(config: TransformerConfig, batch: int, max_len: int) -> KVCache:
@@ -44,61 +51,78 @@ def init_cache(config: TransformerConfig, batch: int, max_len: int) -> KVCache:
   config.validate()
   if batch < 1 or max_len < 1:
     raise ValueError(f"batch and max_len must be >= 1, got {batch}, {max_len}")
-  shape = (config.n_layers, batch, config.n_kv_heads, max_len, config.head_dim)
-  # Two buffers, not one shared: the cache is donated to jitted steps.
-  return KVCache(k=jnp.zeros(shape, config.compute_dtype),
-                 v=jnp.zeros(shape, config.compute_dtype))
+  shape = (batch, config.n_kv_heads, max_len, config.head_dim)
+  # Separate buffers, none shared: the cache is donated to jitted steps.
+  zeros = lambda: tuple(jnp.zeros(shape, config.compute_dtype)
+                        for _ in range(config.n_layers))
+  return KVCache(k=zeros(), v=zeros())
+
+
+def grow_cache(cache: KVCache, max_len: int) -> KVCache:
+  """The same cache with zero slots appended up to ``max_len`` positions.
+
+  A decode loop can start with a short cache and grow it as rows get longer,
+  so attention reads only about as many slots as the rows hold.
+  """
+  if max_len < cache.max_len:
+    raise ValueError(f"cannot grow a KV cache of {cache.max_len} slots to "
+                     f"{max_len}")
+  if max_len == cache.max_len:
+    return cache
+  pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, max_len - cache.max_len),
+                              (0, 0)))
+  return KVCache(k=tuple(map(pad, cache.k)), v=tuple(map(pad, cache.v)))
 
 
 def _check_cache(cache: KVCache, config: TransformerConfig, batch: int):
-  expected = (config.n_layers, batch, config.n_kv_heads, cache.max_len,
-              config.head_dim)
-  for name, x in (("k", cache.k), ("v", cache.v)):
-    if x.shape != expected:
-      raise ValueError(f"cache.{name} has shape {x.shape}, expected {expected} "
-                       "([layers, batch, kv_heads, max_len, head_dim])")
-    if x.dtype != config.compute_dtype:
-      raise ValueError(f"cache.{name} has dtype {x.dtype}, expected the "
-                       f"compute dtype {config.compute_dtype}")
+  expected = (batch, config.n_kv_heads, cache.max_len, config.head_dim)
+  for name, layers in (("k", cache.k), ("v", cache.v)):
+    if len(layers) != config.n_layers:
+      raise ValueError(f"cache.{name} holds {len(layers)} layers, expected "
+                       f"{config.n_layers}")
+    for x in layers:
+      if x.shape != expected:
+        raise ValueError(f"cache.{name} has shape {x.shape}, expected "
+                         f"{expected} ([batch, kv_heads, max_len, head_dim])")
+      if x.dtype != config.compute_dtype:
+        raise ValueError(f"cache.{name} has dtype {x.dtype}, expected the "
+                         f"compute dtype {config.compute_dtype}")
 
 
 def _run(params, tokens_BxT, positions_BxT, cache, config, *, from_start):
   """Write the tokens' keys/values at their positions and run the layers.
 
-  With ``from_start`` (prefill: the tokens are positions ``0..T-1`` of every
-  row) attention runs over the fresh keys only, which is the same as reading
-  the cache back, since later slots are invisible to these queries.
+  The layers are unrolled (one buffer per layer, see :class:`KVCache`);
+  inside a loop, pass ``transformer.unstack_layers(params)`` so the per-layer
+  weights are not sliced again at every step. With ``from_start`` (prefill:
+  the tokens are positions ``0..T-1`` of every row) attention runs over the
+  fresh keys only, which is the same as reading the cache back, since later
+  slots are invisible to these queries.
   """
   B = tokens_BxT.shape[0]
   rows_Bx1 = jnp.arange(B)[:, None]
-
-  def body(carry, layer):
-    x_BxTxD, k_cache, v_cache = carry
-    p, window, i = layer
-
-    def attend(q, k, v):
-      # Advanced indices around a slice: the update is laid out [B, T, K, Dh].
-      k_all = k_cache.at[i, rows_Bx1, :, positions_BxT].set(k, mode="drop")
-      v_all = v_cache.at[i, rows_Bx1, :, positions_BxT].set(v, mode="drop")
-      kwargs = dict(impl=config.attn_impl, softcap=config.attn_logit_softcap,
-                    sliding_window=transformer.layer_window(window, config))
-      if from_start:
-        out = attention(q, k, v, **kwargs)
-      else:
-        out = attention(q, k_all[i], v_all[i], q_positions_BxT=positions_BxT,
-                        **kwargs)
-      return out, (k_all, v_all)
-
-    x_BxTxD, (k_cache, v_cache) = transformer.decoder_layer(
-        x_BxTxD, p, positions_BxT, config, attend)
-    return (x_BxTxD, k_cache, v_cache), None
-
+  k_layers, v_layers = list(cache.k), list(cache.v)
+  windows = config.sliding_windows or (None,) * config.n_layers
   x_BxTxD = transformer.embed_tokens(params, tokens_BxT, config)
-  layers = (params["layers"], jnp.asarray(config.layer_windows()),
-            jnp.arange(config.n_layers))
-  (x_BxTxD, k, v), _ = lax.scan(body, (x_BxTxD, cache.k, cache.v), layers)
+  for i in range(config.n_layers):
+
+    def attend(q, k, v, i=i):
+      # Advanced indices around a slice: the update is laid out [B, T, K, Dh].
+      k_layers[i] = k_layers[i].at[rows_Bx1, :, positions_BxT].set(k, mode="drop")
+      v_layers[i] = v_layers[i].at[rows_Bx1, :, positions_BxT].set(v, mode="drop")
+      kwargs = dict(impl=config.attn_impl, softcap=config.attn_logit_softcap,
+                    sliding_window=windows[i])
+      if from_start:
+        return attention(q, k, v, **kwargs), None
+      return attention(q, k_layers[i], v_layers[i],
+                       q_positions_BxT=positions_BxT, **kwargs), None
+
+    x_BxTxD, _ = transformer.decoder_layer(
+        x_BxTxD, transformer.layer_params(params, i), positions_BxT, config,
+        attend)
   logits_BxTxV, hidden_BxTxD = transformer.output_logits(params, x_BxTxD, config)
-  return logits_BxTxV, hidden_BxTxD, KVCache(k=k, v=v)
+  return logits_BxTxV, hidden_BxTxD, KVCache(k=tuple(k_layers),
+                                             v=tuple(v_layers))
 
 
 def _prepare(tokens_BxT, cache, config):

@@ -43,6 +43,7 @@ PyTree = Any
 OnStop = Callable[[RolloutState, jax.Array, jax.Array], RolloutState]
 
 REQUIRED_INFO = ("call_hash", "tool_error")
+MIN_CACHE_STEP = 64
 
 
 def _check_int(name: str, value, low: int = 1):
@@ -85,15 +86,21 @@ class RolloutEngine:
       single-turn generation (a stop token ends the episode).
     batch_size: B rows per batch.
     group_size: G samples per prompt; the batch holds ``B / G`` prompts.
+    cache_segments: the KV cache grows to T slots in up to this many steps
+      (:func:`run_loop`), so attention reads about as many slots as the rows
+      hold; each step is one more while loop to compile. 1 allocates all T
+      slots up front.
   """
 
   def __init__(self, model_config: model_lib.TransformerConfig,
                sampling: SamplingConfig, ids: FormatIds | None, *,
-               env: JaxEnv | None = None, batch_size: int, group_size: int = 1):
+               env: JaxEnv | None = None, batch_size: int, group_size: int = 1,
+               cache_segments: int = 4):
     self.model_config = model_config.validate()
     self.sampling = sampling.validate()
     _check_int("batch_size", batch_size)
     _check_int("group_size", group_size)
+    _check_int("cache_segments", cache_segments)
     if batch_size % group_size:
       raise ValueError(f"group size {group_size} does not divide the batch "
                        f"size {batch_size}")
@@ -113,6 +120,7 @@ class RolloutEngine:
     self.batch_size = batch_size
     self.group_size = group_size
     self.num_prompts = batch_size // group_size
+    self.cache_segments = cache_segments
     self._rollout_jit = jax.jit(self._rollout, static_argnames="prefill_len")
     self._init_jit = jax.jit(self._init_state)
     self._advance_jit = jax.jit(self._advance, static_argnames="prefill_len")
@@ -255,13 +263,16 @@ class RolloutEngine:
     return state.to_rollout()
 
   def _advance(self, params, state, version, max_steps, temperature, *, prefill_len):
-    cache = model_lib.init_cache(self.model_config, self.batch_size, self.max_len)
+    params = model_lib.unstack_layers(params)
+    cache_len = prefill_len if self.cache_segments > 1 else self.max_len
+    cache = model_lib.init_cache(self.model_config, self.batch_size, cache_len)
     _, cache = model_lib.prefill(params, state.tokens_BxT[:, :prefill_len],
                                  cache, self.model_config)
     on_stop = self._env_stop if self.env is not None else self._final_stop
     state, _ = run_loop(params, state, cache, version, max_steps,
                         model_config=self.model_config, sampling=self.sampling,
-                        ids=self.ids, on_stop=on_stop, temperature=temperature)
+                        ids=self.ids, on_stop=on_stop, temperature=temperature,
+                        cache_segments=self.cache_segments)
     return state
 
   def _init_state(self, prompts_PxL, prompt_len_P, instances_P, script_PxS,
@@ -396,31 +407,57 @@ def new_state(prompts_BxL, prompt_len_B, key, *, max_len: int, max_turns: int,
       env_state=env_state)
 
 
+def cache_sizes(start: int, max_len: int, segments: int) -> tuple[int, ...]:
+  """The KV-cache lengths a decode loop grows through, ending at ``max_len``.
+
+  Up to ``segments`` equal steps of at least ``MIN_CACHE_STEP`` slots
+  (multiples of 8), skipping those not above ``start`` (the prefilled
+  length). Static: each length is its own while loop.
+  """
+  step = max(MIN_CACHE_STEP, -(-max_len // segments))
+  step = -(-step // 8) * 8
+  sizes = [s for s in range(step, max_len, step) if s > start]
+  return (*sizes, max_len)
+
+
 def run_loop(params, state: RolloutState, cache: model_lib.KVCache, version,
              max_steps, *, model_config, sampling: SamplingConfig,
              ids: FormatIds | None, on_stop: OnStop, temperature=None,
+             cache_segments: int = 1,
              ) -> tuple[RolloutState, model_lib.KVCache]:
   """Runs the token loop until no row is live or ``max_steps`` steps ran.
 
   A row is live while its episode has not ended and it does not await a host
-  environment. ``cache`` must hold every row's tokens up to ``cur``.
+  environment. ``cache`` must hold every row's tokens up to ``cur``; with
+  ``cache_segments > 1`` it grows (:func:`cache_sizes`) from its length to
+  the row capacity T as the longest unfinished row reaches its end, so the
+  attention reads about as many slots as the rows hold rather than all T
+  (one while loop per length; the returned cache has T slots).
   ``temperature`` (a float32 scalar, may be traced) overrides
   ``sampling.temperature``.
   """
+  params = model_lib.unstack_layers(params)
   step = lambda s, c: _token_step(params, s, c, version, model_config=model_config,
                                   sampling=sampling, ids=ids, on_stop=on_stop,
                                   temperature=temperature)
-
-  def cond(carry):
-    s, _, n = carry
-    return (n < max_steps) & jnp.any(~s.ended_B & ~s.awaiting_B)
 
   def body(carry):
     s, c, n = carry
     s, c = step(s, c)
     return s, c, n + 1
 
-  state, cache, _ = jax.lax.while_loop(cond, body, (state, cache, jnp.int32(0)))
+  T = state.tokens_BxT.shape[1]
+  n = jnp.int32(0)
+  for size in cache_sizes(cache.max_len, T, cache_segments):
+    cache = model_lib.grow_cache(cache, size)
+
+    def cond(carry, size=size):
+      s, _, n = carry
+      # Every unfinished row writes slot cur, which must exist.
+      fits = jnp.max(jnp.where(s.ended_B, -1, s.cur_B)) < size
+      return (n < max_steps) & jnp.any(~s.ended_B & ~s.awaiting_B) & fits
+
+    state, cache, n = jax.lax.while_loop(cond, body, (state, cache, n))
   return state, cache
 
 
