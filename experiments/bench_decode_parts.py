@@ -70,10 +70,11 @@ def _stacked_cache_step(params, tokens_B, positions_B, k_LxBxKxSxD, v_LxBxKxSxD,
       v_all = v_cache.at[i, rows_Bx1, :, pos_Bx1].set(v)
       return model_attention(q, k_all[i], v_all[i], q_positions_BxT=pos_Bx1), (k_all, v_all)
 
-    x, (k_cache, v_cache) = transformer.decoder_layer(x, p, pos_Bx1, cfg, attend)
+    x, (k_cache, v_cache) = transformer.decoder_layer(x, p, rope, cfg, attend)
     return (x, k_cache, v_cache), None
 
   x = transformer.embed_tokens(params, tokens_B[:, None], cfg)
+  rope = transformer.rope_tables(pos_Bx1, cfg.head_dim, cfg.rope_theta)
   (x, k, v), _ = jax.lax.scan(body, (x, k_LxBxKxSxD, v_LxBxKxSxD),
                               (params["layers"], jnp.arange(cfg.n_layers)))
   return transformer.output_logits(params, x, cfg)[0][:, 0], k, v
@@ -126,9 +127,9 @@ def main(argv):
   @jax.jit
   def layers(params, x):
     def body(i, x):
+      rope = transformer.rope_tables(jnp.full((B, 1), i), cfg.head_dim, cfg.rope_theta)
       for p in params["layers"]:
-        x = transformer.decoder_layer(x, p, jnp.zeros((B, 1), jnp.int32), cfg,
-                                      lambda q, k, v: (q, None))[0]
+        x = transformer.decoder_layer(x, p, rope, cfg, lambda q, k, v: (q, None))[0]
       return x
     return jax.lax.fori_loop(0, n, body, x)
 

@@ -23,13 +23,15 @@ stop token, for a batch of ``--batch`` random prompts:
 * ``hf_generate``: ``LlamaForCausalLM.generate`` in PyTorch (KV cache,
   ``do_sample``, ``min_new_tokens = max_new_tokens``).
 
-Compilation and a warm-up are excluded; the best of ``--repeats`` timed runs
-is reported. Prints a table and writes JSON with ``engine_tokens_per_s``,
+Compilation and a warm-up are excluded. The contenders are timed in
+``--repeats`` interleaved rounds and each one's best round is reported, so a
+shared machine's changing speed affects all alike. Prints a table and writes JSON with ``engine_tokens_per_s``,
 ``engine_full_cache_tokens_per_s``, ``no_cache_tokens_per_s``,
 ``hf_generate_tokens_per_s``, the speedups, and the model size and batch
 measured.
 """
 
+import functools
 import os
 import platform
 import tempfile
@@ -52,7 +54,9 @@ _PROMPT = flags.DEFINE_integer("prompt_len", 16, "Prompt tokens per row.")
 _NO_CACHE_STEPS = flags.DEFINE_integer(
     "no_cache_steps", 8, "Tokens timed for the no-cache baseline (each step "
     "costs the same).")
-_REPEATS = flags.DEFINE_integer("repeats", 2, "Timed repeats (best is reported).")
+_REPEATS = flags.DEFINE_integer(
+    "repeats", 3, "Timed rounds; each round times every contender once, and "
+    "each contender's best round is reported.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed for weights and prompts.")
 
 
@@ -69,15 +73,6 @@ def _hf_model(config: model_lib.TransformerConfig, seed: int):
       max_position_embeddings=4096, bos_token_id=1, eos_token_id=2,
       pad_token_id=0)
   return transformers.LlamaForCausalLM(hf_config).eval()
-
-
-def _best_time(fn, repeats: int) -> float:
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return min(times)
 
 
 def _no_cache_sampler(params, config, sampling, steps):
@@ -126,39 +121,50 @@ def main(argv):
   # Plain generation: no stop ids, no environment, one prompt per row.
   lens = np.full((B,), L, np.int32)
   key = jax.random.key(_SEED.value)
-  engine_s, compile_s = {}, {}
+  contenders, compile_s = {}, {}
   for name, segments in (("engine", 4), ("engine_full_cache", 1)):
     engine = rollout.RolloutEngine(config, sampling, None, batch_size=B,
                                    cache_segments=segments)
-    run = lambda: engine.rollout(params, prompts, lens, None, key, 0)
+    run = functools.partial(engine.rollout, params, prompts, lens, None, key, 0)
     start = time.perf_counter()
     out = jax.block_until_ready(run())
     compile_s[name] = time.perf_counter() - start
     if not np.all(np.asarray(out.length_B) == T):
       raise RuntimeError(f"{name} rows hold {np.asarray(out.length_B)} tokens, "
                          f"expected {T}")
-    engine_s[name] = _best_time(lambda: run().tokens_BxT, _REPEATS.value)
+    contenders[name] = lambda run=run: jax.block_until_ready(run().tokens_BxT)
 
   steps = min(_NO_CACHE_STEPS.value, N)
   no_cache = _no_cache_sampler(params, config, sampling, steps)
   buf = np.zeros((B, T), np.int32)
   buf[:, :L] = prompts
   jax.block_until_ready(no_cache(buf, L, key))
-  no_cache_s = _best_time(lambda: no_cache(buf, L, key), _REPEATS.value)
+  contenders["no_cache"] = lambda: jax.block_until_ready(no_cache(buf, L, key))
 
   input_ids = torch.from_numpy(prompts).long()
   gen = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
              max_new_tokens=N, min_new_tokens=N, pad_token_id=0)
+
+  def hf_generate():
+    with torch.inference_mode():
+      out = hf.generate(input_ids, **gen)
+    if out.shape != (B, T):
+      raise RuntimeError(f"generate returned {tuple(out.shape)}, expected {(B, T)}")
+
   with torch.inference_mode():
     hf.generate(input_ids, **{**gen, "max_new_tokens": 8, "min_new_tokens": 8})
-    times = []
-    for _ in range(_REPEATS.value):
+  contenders["hf_generate"] = hf_generate
+
+  # Interleaved rounds, so a machine that speeds up or slows down during
+  # the run (shared CPUs do) affects every contender alike.
+  best = {name: float("inf") for name in contenders}
+  for _ in range(_REPEATS.value):
+    for name, fn in contenders.items():
       start = time.perf_counter()
-      hf_out = hf.generate(input_ids, **gen)
-      times.append(time.perf_counter() - start)
-  if hf_out.shape != (B, T):
-    raise RuntimeError(f"generate returned {tuple(hf_out.shape)}, expected {(B, T)}")
-  hf_s = min(times)
+      fn()
+      best[name] = min(best[name], time.perf_counter() - start)
+  engine_s = {k: best[k] for k in ("engine", "engine_full_cache")}
+  no_cache_s, hf_s = best["no_cache"], best["hf_generate"]
 
   result = {
       "engine_tokens_per_s": B * N / engine_s["engine"],

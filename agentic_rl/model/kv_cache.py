@@ -104,6 +104,8 @@ def _run(params, tokens_BxT, positions_BxT, cache, config, *, from_start):
   k_layers, v_layers = list(cache.k), list(cache.v)
   windows = config.sliding_windows or (None,) * config.n_layers
   x_BxTxD = transformer.embed_tokens(params, tokens_BxT, config)
+  rope = transformer.rope_tables(positions_BxT, config.head_dim,
+                                 config.rope_theta)
   for i in range(config.n_layers):
 
     def attend(q, k, v, i=i):
@@ -118,8 +120,7 @@ def _run(params, tokens_BxT, positions_BxT, cache, config, *, from_start):
                        q_positions_BxT=positions_BxT, **kwargs), None
 
     x_BxTxD, _ = transformer.decoder_layer(
-        x_BxTxD, transformer.layer_params(params, i), positions_BxT, config,
-        attend)
+        x_BxTxD, transformer.layer_params(params, i), rope, config, attend)
   logits_BxTxV, hidden_BxTxD = transformer.output_logits(params, x_BxTxD, config)
   return logits_BxTxV, hidden_BxTxD, KVCache(k=tuple(k_layers),
                                              v=tuple(v_layers))

@@ -138,22 +138,38 @@ def rms_norm(x: jax.Array, w: jax.Array, *, eps: float,
   return (y * scale).astype(x.dtype)
 
 
-def apply_rope(x_BxTxNxD: jax.Array, positions_BxT: jax.Array,
-               theta: float) -> jax.Array:
+Rope = tuple[jax.Array, jax.Array]  # (cos, sin), each [B, T, 1, Dh / 2]
+
+
+def rope_tables(positions_BxT: jax.Array, head_dim: int, theta: float) -> Rope:
+  """fp32 ``(cos a, sin a)`` ``[B, T, 1, Dh/2]`` with
+  ``a_i = pos / theta ** (2i / Dh)``; computed once per forward and shared by
+  every layer's q and k."""
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32)
+                              / head_dim))
+  angles_BxTxHalf = positions_BxT[..., None].astype(jnp.float32) * inv_freq
+  return (jnp.cos(angles_BxTxHalf)[:, :, None, :],
+          jnp.sin(angles_BxTxHalf)[:, :, None, :])
+
+
+def rotate(x_BxTxNxD: jax.Array, rope: Rope) -> jax.Array:
   """Rotary embedding, Hugging Face "rotate_half" convention (Su et al. 2021).
 
-  With ``x = [x1, x2]`` split in halves along D and
-  ``a_i = pos / theta ** (2i / D)``: ``[x1 cos a - x2 sin a,
-  x2 cos a + x1 sin a]``. Computed in fp32, returned in x's dtype.
+  With ``x = [x1, x2]`` split in halves along D and ``rope = (cos a, sin a)``
+  (:func:`rope_tables`): ``[x1 cos a - x2 sin a, x2 cos a + x1 sin a]``.
+  Computed in fp32, returned in x's dtype.
   """
-  D = x_BxTxNxD.shape[-1]
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, D, 2, dtype=jnp.float32) / D))
-  angles_BxTxHalf = positions_BxT[..., None].astype(jnp.float32) * inv_freq
-  cos = jnp.cos(angles_BxTxHalf)[:, :, None, :]
-  sin = jnp.sin(angles_BxTxHalf)[:, :, None, :]
+  cos, sin = rope
   x1, x2 = jnp.split(x_BxTxNxD.astype(jnp.float32), 2, axis=-1)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return out.astype(x_BxTxNxD.dtype)
+
+
+def apply_rope(x_BxTxNxD: jax.Array, positions_BxT: jax.Array,
+               theta: float) -> jax.Array:
+  """:func:`rotate` by the angles of ``positions_BxT``."""
+  return rotate(x_BxTxNxD,
+                rope_tables(positions_BxT, x_BxTxNxD.shape[-1], theta))
 
 
 def concrete_or_none(x) -> np.ndarray | None:
@@ -242,10 +258,12 @@ def _gate_up(h_BxTxD: jax.Array, p: Params):
   return jnp.split(gate_up_BxTx2F, 2, axis=-1)
 
 
-def decoder_layer(x_BxTxD: jax.Array, p: Params, positions_BxT: jax.Array,
+def decoder_layer(x_BxTxD: jax.Array, p: Params, rope: Rope,
                   config: TransformerConfig,
                   attend: AttendFn) -> tuple[jax.Array, Any]:
   """One pre-norm layer on one layer's params ``p`` (no ``layers`` axis).
+
+  ``rope``: :func:`rope_tables` of the tokens' positions.
 
   ``attend(q, k, v)`` (q, k after qk-norm and RoPE) returns the attention
   output and an auxiliary value (e.g. an updated KV cache) passed through.
@@ -256,8 +274,8 @@ def decoder_layer(x_BxTxD: jax.Array, p: Params, positions_BxT: jax.Array,
   if config.qk_norm:
     q_BxTxHxDh = rms_norm(q_BxTxHxDh, p["q_norm"], eps=eps, plus_one=plus_one)
     k_BxTxKxDh = rms_norm(k_BxTxKxDh, p["k_norm"], eps=eps, plus_one=plus_one)
-  q_BxTxHxDh = apply_rope(q_BxTxHxDh, positions_BxT, config.rope_theta)
-  k_BxTxKxDh = apply_rope(k_BxTxKxDh, positions_BxT, config.rope_theta)
+  q_BxTxHxDh = rotate(q_BxTxHxDh, rope)
+  k_BxTxKxDh = rotate(k_BxTxKxDh, rope)
   o_BxTxHxDh, aux = attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh)
   x_BxTxD = x_BxTxD + _dense(o_BxTxHxDh, p["wo"], "bthk,hkd->btd")
 
@@ -373,6 +391,7 @@ def forward(
   check_shape("segment_ids_BxT", segment_ids_BxT, (B, T))
   if positions_BxT is None:
     positions_BxT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+  rope = rope_tables(positions_BxT, config.head_dim, config.rope_theta)
 
   def body(x_BxTxD, layer):
     p, window = layer
@@ -384,7 +403,7 @@ def forward(
                       softcap=config.attn_logit_softcap)
       return out, None
 
-    x_BxTxD, _ = decoder_layer(x_BxTxD, p, positions_BxT, config, attend)
+    x_BxTxD, _ = decoder_layer(x_BxTxD, p, rope, config, attend)
     return x_BxTxD, None
 
   if config.remat:
