@@ -6,7 +6,7 @@ On ``TransformerConfig.llama_10m`` shapes (batch 32, 8 layers, 5 heads of
 64), each part runs ``--steps`` times in a jitted ``fori_loop``; the best of 3
 runs is reported in ms per decode step:
 
-* ``decode_step_S{n}``: the whole ``model.decode_step`` (per-layer fused
+* ``decode_step_S{n}``: the whole ``model.decode_step`` (``unstack_layers``
   params, greedy next token) against a cache of n slots, for the cache
   lengths the rollout engine grows through (``--slots``);
 * ``decode_step_stacked_params``: the same at the longest length, with the
@@ -87,7 +87,7 @@ def main(argv):
   S = slots[-1]
   cfg = model_lib.TransformerConfig.llama_10m()
   params = model_lib.init_params(cfg, jax.random.key(0))
-  fused = model_lib.unstack_layers(params)
+  split = model_lib.unstack_layers(params)
   L, K, D = cfg.n_layers, cfg.n_kv_heads, cfg.head_dim
   x_Bx1xD = jax.random.normal(jax.random.key(1), (B, 1, cfg.d_model))
   q_Bx1xHxD = jax.random.normal(jax.random.key(2), (B, 1, cfg.n_heads, D))
@@ -108,7 +108,7 @@ def main(argv):
   decode = jax.jit(decode)
   for s in slots:
     result[f"decode_step_S{s}"] = _ms_per_step(
-        decode, fused, model_lib.init_cache(cfg, B, s), steps=n)
+        decode, split, model_lib.init_cache(cfg, B, s), steps=n)
   result["decode_step_stacked_params"] = _ms_per_step(
       decode, params, model_lib.init_cache(cfg, B, S), steps=n)
 
@@ -133,7 +133,7 @@ def main(argv):
       return x
     return jax.lax.fori_loop(0, n, body, x)
 
-  result["layers_no_attention"] = _ms_per_step(layers, fused, x_Bx1xD, steps=n)
+  result["layers_no_attention"] = _ms_per_step(layers, split, x_Bx1xD, steps=n)
 
   def attention(layout):
     @jax.jit

@@ -6,8 +6,9 @@ on sliding-window layers). So the cache needs no length bookkeeping, and a
 right-padded prompt batch just works: a row's pad slots are overwritten when
 its later tokens are written, and until then they sit at positions after the
 row's current token, where the causal mask hides them. For the same reason a
-cache can be reused for a new batch without clearing it. Writes past the end
-of the cache are dropped (checked in Python when the starts are concrete).
+cache can be reused for a new batch without clearing it, or grown
+(:func:`grow_cache`) while rows get longer. Writes past the end of the cache
+are dropped (checked in Python when the starts are concrete).
 
 Every function is jit-friendly with the cache donated::
 
@@ -32,9 +33,9 @@ class KVCache:
 
   One buffer per layer rather than a stacked ``[L, B, K, S, Dh]`` one: a
   decode step updates each layer's buffer in place and its attention reads
-  it in place. With a stacked cache, a layer scan has to slice layer ``l``
-  out of the carry, and XLA copies that slice (the whole cache, every step):
-  36 against 27 ms per token at batch 32 (BENCHMARKS.md). Head-major: see
+  it in place. With a stacked cache, a layer scan slices layer ``l`` out of
+  the carry, which XLA copies (the whole cache, every step): 36 against
+  32 ms per step at batch 32 and 272 slots (BENCHMARKS.md). Head-major: see
   ``model.attention``.
   """
 

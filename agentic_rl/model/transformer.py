@@ -1,8 +1,10 @@
 """The decoder-only policy transformer as pure functions over a params pytree.
 
 Params are a nested dict of arrays in ``config.param_dtype``; the per-layer
-weights are stacked on a leading ``layers`` axis and applied with
-``lax.scan`` (one compiled layer body, whatever the depth). Compute runs in
+weights are stacked on a leading ``layers`` axis and :func:`forward` applies
+them with ``lax.scan`` (one compiled layer body, whatever the depth).
+Incremental decoding (``kv_cache``) unrolls the layers instead, over one
+cache buffer per layer, and takes :func:`unstack_layers` params. Compute runs in
 ``config.dtype``; RMSNorm, RoPE and the softmax run in fp32; logits are fp32.
 
 Layout (D model, H query heads, K kv heads, Dh head dim, F mlp, V vocab,
@@ -224,40 +226,6 @@ def _dense(x: jax.Array, w: jax.Array, spec: str) -> jax.Array:
   return jnp.einsum(spec, x, w.astype(x.dtype))
 
 
-def _projections(h_BxTxD: jax.Array, p: Params, config: TransformerConfig):
-  """q ``[B, T, H, Dh]``, k and v ``[B, T, K, Dh]`` (before qk-norm, RoPE).
-
-  From one matmul when ``p`` holds the fused ``w_qkv`` of
-  :func:`unstack_layers`, else from ``wq``, ``wk``, ``wv``.
-  """
-  if "w_qkv" not in p:
-    q = _dense(h_BxTxD, p["wq"], "btd,dhk->bthk")
-    k = _dense(h_BxTxD, p["wk"], "btd,dhk->bthk")
-    v = _dense(h_BxTxD, p["wv"], "btd,dhk->bthk")
-    if config.qkv_bias:
-      q, k, v = (x + p[b].astype(h_BxTxD.dtype)
-                 for x, b in ((q, "bq"), (k, "bk"), (v, "bv")))
-    return q, k, v
-  qkv_BxTxN = _dense(h_BxTxD, p["w_qkv"], "btd,dn->btn")
-  if config.qkv_bias:
-    qkv_BxTxN += p["b_qkv"].astype(h_BxTxD.dtype)
-  H, K, Dh = config.n_heads, config.n_kv_heads, config.head_dim
-  q, k, v = jnp.split(qkv_BxTxN, [H * Dh, (H + K) * Dh], axis=-1)
-  B, T = h_BxTxD.shape[:2]
-  return (q.reshape(B, T, H, Dh), k.reshape(B, T, K, Dh),
-          v.reshape(B, T, K, Dh))
-
-
-def _gate_up(h_BxTxD: jax.Array, p: Params):
-  """The MLP's gate and up projections ``[B, T, F]`` (fused when ``p`` holds
-  ``w_gate_up``, see :func:`unstack_layers`)."""
-  if "w_gate_up" not in p:
-    return (_dense(h_BxTxD, p["w_gate"], "btd,df->btf"),
-            _dense(h_BxTxD, p["w_up"], "btd,df->btf"))
-  gate_up_BxTx2F = _dense(h_BxTxD, p["w_gate_up"], "btd,df->btf")
-  return jnp.split(gate_up_BxTx2F, 2, axis=-1)
-
-
 def decoder_layer(x_BxTxD: jax.Array, p: Params, rope: Rope,
                   config: TransformerConfig,
                   attend: AttendFn) -> tuple[jax.Array, Any]:
@@ -270,7 +238,13 @@ def decoder_layer(x_BxTxD: jax.Array, p: Params, rope: Rope,
   """
   eps, plus_one = config.norm_eps, config.norm_plus_one
   h = rms_norm(x_BxTxD, p["attn_norm"], eps=eps, plus_one=plus_one)
-  q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh = _projections(h, p, config)
+  q_BxTxHxDh = _dense(h, p["wq"], "btd,dhk->bthk")
+  k_BxTxKxDh = _dense(h, p["wk"], "btd,dhk->bthk")
+  v_BxTxKxDh = _dense(h, p["wv"], "btd,dhk->bthk")
+  if config.qkv_bias:
+    q_BxTxHxDh += p["bq"].astype(h.dtype)
+    k_BxTxKxDh += p["bk"].astype(h.dtype)
+    v_BxTxKxDh += p["bv"].astype(h.dtype)
   if config.qk_norm:
     q_BxTxHxDh = rms_norm(q_BxTxHxDh, p["q_norm"], eps=eps, plus_one=plus_one)
     k_BxTxKxDh = rms_norm(k_BxTxKxDh, p["k_norm"], eps=eps, plus_one=plus_one)
@@ -280,7 +254,8 @@ def decoder_layer(x_BxTxD: jax.Array, p: Params, rope: Rope,
   x_BxTxD = x_BxTxD + _dense(o_BxTxHxDh, p["wo"], "bthk,hkd->btd")
 
   h = rms_norm(x_BxTxD, p["mlp_norm"], eps=eps, plus_one=plus_one)
-  gate_BxTxF, up_BxTxF = _gate_up(h, p)
+  gate_BxTxF = _dense(h, p["w_gate"], "btd,df->btf")
+  up_BxTxF = _dense(h, p["w_up"], "btd,df->btf")
   if config.mlp_activation == "silu":
     act_BxTxF = jax.nn.silu(gate_BxTxF)
   else:
@@ -322,32 +297,16 @@ def layer_params(params: Params, i: int) -> Params:
 
 
 def unstack_layers(params: Params) -> Params:
-  """``params`` laid out for incremental decoding (``kv_cache``).
+  """``params`` with ``layers`` as a tuple of per-layer dicts.
 
-  ``layers`` becomes a tuple of per-layer dicts, and each layer's q/k/v and
-  gate/up weights are fused into one matrix each (``w_qkv [D, (H+2K)*Dh]``,
-  ``b_qkv``, ``w_gate_up [D, 2F]``): at decode batch sizes one wider matmul
-  is faster than two or three narrow ones. Call it once, outside a decode
-  loop: XLA copies weights sliced inside a loop body at every step.
-  Idempotent; :func:`decoder_layer` accepts either layout.
+  For the unrolled incremental decode (``kv_cache``): call it once, outside a
+  decode loop, since XLA may copy weights sliced inside a loop body at every
+  step (BENCHMARKS.md). Idempotent.
   """
   if isinstance(params["layers"], (tuple, list)):
     return params
   n = jax.tree.leaves(params["layers"])[0].shape[0]
-  return {**params, "layers": tuple(_fuse_layer(layer_params(params, i))
-                                    for i in range(n))}
-
-
-def _fuse_layer(p: Params) -> Params:
-  p = dict(p)
-  flat = lambda w: w.reshape(w.shape[0], -1)
-  p["w_qkv"] = jnp.concatenate(
-      [flat(p.pop("wq")), flat(p.pop("wk")), flat(p.pop("wv"))], axis=-1)
-  if "bq" in p:
-    p["b_qkv"] = jnp.concatenate(
-        [p.pop("bq").ravel(), p.pop("bk").ravel(), p.pop("bv").ravel()])
-  p["w_gate_up"] = jnp.concatenate([p.pop("w_gate"), p.pop("w_up")], axis=-1)
-  return p
+  return {**params, "layers": tuple(layer_params(params, i) for i in range(n))}
 
 
 def layer_window(window: jax.Array, config: TransformerConfig):
