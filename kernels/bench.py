@@ -122,10 +122,12 @@ def _logprob_cases(N, D, V, dtype):
 def _decode_cases(B, S, H, K, D, dtype):
   keys = jax.random.split(jax.random.key(2), 4)
   q = jax.random.normal(keys[0], (B, H, D), dtype)
-  k = jax.random.normal(keys[1], (B, S, K, D), dtype)
-  v = jax.random.normal(keys[2], (B, S, K, D), dtype)
+  # The model's head-major KV cache layout.
+  k = jax.random.normal(keys[1], (B, K, S, D), dtype)
+  v = jax.random.normal(keys[2], (B, K, S, D), dtype)
   lengths = jax.random.randint(keys[3], (B,), S // 2, S + 1)
-  fns = {impl: functools.partial(kernels.decode_attention, impl=impl)
+  fns = {impl: functools.partial(kernels.decode_attention, impl=impl,
+                                 kv_layout="BKSD")
          for impl in _available("decode_attention")}
   read = 2.0 * float(jnp.sum(lengths)) * K * D * jnp.dtype(dtype).itemsize
   return [Case("decode_attention", "fwd", f"B{B} S{S} H{H} K{K} D{D}",

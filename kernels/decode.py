@@ -15,7 +15,9 @@ Only blocks below ``lengths[b]`` (and inside the window) are read. The cache
 is never copied: the last tile is shifted back to end at ``S`` and its
 already-seen slots are masked, so ``S`` need not be a multiple of
 ``block_k`` (a cache shorter than 16 slots or a head dim that is not a power
-of two >= 16 is padded, which copies it). Forward only (no VJP).
+of two >= 16 is padded, which copies it). The cache may be sequence-major
+``[B, S, K, D]`` or head-major ``[B, K, S, D]`` (the model's KV cache): each
+program reads one head's ``[S, D]`` slab either way. Forward only (no VJP).
 """
 
 from __future__ import annotations
@@ -64,10 +66,9 @@ class _Config:
   interpret: bool
 
 
-def _make_config(q_shape, k_shape, *, softcap, has_window,
+def _make_config(q_shape, S, K, *, softcap, has_window,
                  blocks: DecodeBlockSizes, interpret) -> _Config:
   B, H, D = q_shape
-  S, K = k_shape[1], k_shape[2]
   S = max(S, _common.MIN_BLOCK)
   bk = _common.block_size(blocks.block_k, S, "DecodeBlockSizes.block_k")
   if bk > S:  # the tile must fit in the cache: largest power of two <= S
@@ -124,10 +125,13 @@ def _kernel(*refs, cfg: _Config):
   l_ref[...] = l
 
 
-def _pallas(cfg: _Config, q_BxKxGxD, k, v, lengths, window):
+def _pallas(cfg: _Config, q_BxKxGxD, k, v, lengths, window, head_major):
   B, K = q_BxKxGxD.shape[:2]
   NS, Gp, Dp, S = cfg.num_splits, cfg.Gp, cfg.Dp, cfg.S
-  kv = pl.BlockSpec((_SQ, S, _SQ, Dp), lambda b, h, s: (b, 0, h, 0))
+  if head_major:
+    kv = pl.BlockSpec((_SQ, _SQ, S, Dp), lambda b, h, s: (b, h, 0, 0))
+  else:
+    kv = pl.BlockSpec((_SQ, S, _SQ, Dp), lambda b, h, s: (b, 0, h, 0))
   in_specs = [pl.BlockSpec((_SQ, _SQ, Gp, Dp), lambda b, h, s: (b, h, 0, 0)),
               kv, kv, pl.BlockSpec((_SQ,), lambda b, h, s: (b,))]
   args = [q_BxKxGxD, k, v, lengths]
@@ -160,13 +164,18 @@ def _merge_splits(acc, m, l):
   return out / jnp.where(denom > 0, denom, 1.0)[..., None]
 
 
-def _validate(q, k, v, lengths):
+def _validate(q, k, v, lengths, kv_layout):
   op = "decode_attention"
+  if kv_layout not in KV_LAYOUTS:
+    raise ValueError(f"{op}: kv_layout must be one of {KV_LAYOUTS}, got "
+                     f"{kv_layout!r}")
   if q.ndim != 3:
     raise ValueError(f"{op}: q must be [batch, heads, head_dim], got {q.shape}")
+  dims = ("[batch, slots, kv_heads, head_dim]" if kv_layout == "BSKD"
+          else "[batch, kv_heads, slots, head_dim]")
   if k.ndim != 4 or k.shape != v.shape:
-    raise ValueError(f"{op}: caches must both be [batch, slots, kv_heads, "
-                     f"head_dim], got {k.shape} and {v.shape}")
+    raise ValueError(f"{op}: caches must both be {dims}, got {k.shape} and "
+                     f"{v.shape}")
   if not jnp.issubdtype(q.dtype, jnp.floating):
     raise ValueError(f"{op}: q must be floating point, got {q.dtype}")
   if k.dtype != q.dtype or v.dtype != q.dtype:
@@ -176,9 +185,10 @@ def _validate(q, k, v, lengths):
   if k.shape[0] != B or k.shape[3] != D:
     raise ValueError(f"{op}: q {q.shape} and cache {k.shape} disagree on "
                      f"batch or head_dim")
-  if H % k.shape[2]:
+  K = k.shape[2] if kv_layout == "BSKD" else k.shape[1]
+  if H % K:
     raise ValueError(f"{op}: query heads {H} must be a multiple of key/value "
-                     f"heads {k.shape[2]}")
+                     f"heads {K}")
   if min(q.shape) == 0 or min(k.shape) == 0:
     raise ValueError(f"{op}: empty input: q {q.shape}, cache {k.shape}")
   if lengths.shape != (B,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
@@ -187,6 +197,7 @@ def _validate(q, k, v, lengths):
 
 
 IMPLS = ("xla", "pallas")
+KV_LAYOUTS = ("BSKD", "BKSD")
 
 
 def decode_attention(
@@ -199,35 +210,40 @@ def decode_attention(
     softcap: float | None = None,
     impl: str = "pallas",
     block_sizes: DecodeBlockSizes | None = None,
+    kv_layout: str = "BSKD",
 ) -> jax.Array:
   """Attention of one new token per row over its cache; ``[B, H, D]``.
 
   Args:
     q_BxHxD: queries (the token at position ``lengths - 1``).
-    k_cache_BxSxKxD, v_cache_BxSxKxD: caches, ``H % K == 0``, q's dtype.
+    k_cache_BxSxKxD, v_cache_BxSxKxD: caches, ``H % K == 0``, q's dtype;
+      ``[B, K, S, D]`` with ``kv_layout="BKSD"``.
     lengths_B: int, slots ``< lengths[b]`` are visible (0 gives zeros).
     sliding_window: optional int >= 1 or int32 scalar array (may be traced):
       slot ``j`` needs ``lengths - 1 - j < window``.
     softcap: optional ``c``: logits become ``c * tanh(logits / c)``.
     impl: ``"pallas"`` (Triton on GPU, interpreted on CPU) or ``"xla"``.
     block_sizes: Pallas tiling; defaults to :class:`DecodeBlockSizes`.
+    kv_layout: ``"BSKD"`` (sequence-major) or ``"BKSD"`` (head-major).
   """
   op = "decode_attention"
   _common.check_impl(op, impl, IMPLS)
   q, k, v = q_BxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD
-  _validate(q, k, v, lengths_B)
+  _validate(q, k, v, lengths_B, kv_layout)
   softcap = _common.static_positive_float(op, "softcap", softcap)
   window = _common.window_operand(op, sliding_window)
   lengths = lengths_B.astype(jnp.int32)
   B, H, D = q.shape
-  S, K = k.shape[1], k.shape[2]
+  head_major = kv_layout == "BKSD"
+  s_axis = 2 if head_major else 1
+  S, K = k.shape[s_axis], k.shape[3 - s_axis]
   if impl == "xla":
     out = reference.attention(
         q[:, None], k, v, causal=True, q_positions=(lengths - 1)[:, None],
         kv_positions=jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S)),
-        sliding_window=window, softcap=softcap)
+        sliding_window=window, softcap=softcap, kv_layout=kv_layout)
     return out[:, 0]
-  cfg = _make_config(q.shape, k.shape, softcap=softcap,
+  cfg = _make_config(q.shape, S, K, softcap=softcap,
                      has_window=window is not None,
                      blocks=block_sizes or DecodeBlockSizes(),
                      interpret=_common.pallas_interpret(op))
@@ -235,8 +251,8 @@ def decode_attention(
   lengths = jnp.minimum(lengths, S)  # slots past the cache do not exist
   pad = _common.pad_axis
   q4 = pad(pad(q.reshape(B, K, G, D), 2, cfg.Gp), 3, cfg.Dp)
-  k = pad(pad(k, 1, cfg.S), 3, cfg.Dp)
-  v = pad(pad(v, 1, cfg.S), 3, cfg.Dp)
-  acc, m, l = _pallas(cfg, q4, k, v, lengths, window)
+  k = pad(pad(k, s_axis, cfg.S), 3, cfg.Dp)
+  v = pad(pad(v, s_axis, cfg.S), 3, cfg.Dp)
+  acc, m, l = _pallas(cfg, q4, k, v, lengths, window, head_major)
   out = _merge_splits(acc, m, l)  # [B, K, Gp, Dp]
   return out[:, :, :G, :D].reshape(B, H, D).astype(q.dtype)

@@ -60,14 +60,18 @@ CASES = [
 
 @pytest.mark.parametrize("name,shape,lengths,opts,blocks", CASES,
                          ids=[c[0] for c in CASES])
-def test_pallas_matches_references(name, shape, lengths, opts, blocks):
+@pytest.mark.parametrize("kv_layout", ["BSKD", "BKSD"])
+def test_pallas_matches_references(name, shape, lengths, opts, blocks, kv_layout):
   q, k, v = _inputs(sum(map(ord, name)), *shape)
   lengths = jnp.asarray(lengths, jnp.int32)
+  # The head-major layout holds the same cache, laid out [B, K, S, D].
+  lay = (lambda x: x) if kv_layout == "BSKD" else (lambda x: jnp.swapaxes(x, 1, 2))
+  opts = dict(opts, kv_layout=kv_layout)
   out = jax.jit(functools.partial(kernels.decode_attention, block_sizes=blocks,
-                                  **opts))(q, k, v, lengths)
+                                  **opts))(q, lay(k), lay(v), lengths)
   chex.assert_shape(out, q.shape)
   chex.assert_type(out, q.dtype)
-  xla = kernels.decode_attention(q, k, v, lengths, impl="xla", **opts)
+  xla = kernels.decode_attention(q, lay(k), lay(v), lengths, impl="xla", **opts)
   window = opts.get("sliding_window")
   dense = _masked_reference(q, k, v, lengths, window, opts.get("softcap"))
   _assert_close(out, xla, 1e-5)
@@ -96,6 +100,7 @@ def test_decode_equals_last_row_of_causal_attention():
     (dict(sliding_window=-3), "sliding_window must be >= 1"),
     (dict(softcap=0.0), "softcap must be finite and > 0"),
     (dict(block_sizes=kernels.DecodeBlockSizes(num_splits=0)), "num_splits"),
+    (dict(kv_layout="SBKD"), "kv_layout must be one of"),
 ])
 def test_bad_arguments_raise_value_error(kwargs, match):
   q, k, v = _inputs(0, 2, 16, 4, 2, 16)
@@ -113,3 +118,5 @@ def test_bad_shapes_raise_value_error():
     kernels.decode_attention(q[:, :3], k, v, jnp.array([1, 2]))
   with pytest.raises(ValueError, match="disagree"):
     kernels.decode_attention(q[:1], k, v, jnp.array([1]))
+  with pytest.raises(ValueError, match=r"\[batch, kv_heads, slots, head_dim\]"):
+    kernels.decode_attention(q, k[0], v[0], jnp.array([1, 2]), kv_layout="BKSD")

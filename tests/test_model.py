@@ -156,6 +156,19 @@ def test_eager_forward_matches_jit():
   chex.assert_trees_all_close(eager, fwd(params, tokens, config), atol=1e-6)
 
 
+def test_pallas_decode_reads_the_head_major_cache():
+  """attn_impl="pallas" (interpret mode here) decodes like the reference."""
+  config = CONFIGS["gqa"]
+  params = model.unstack_layers(_params(config))
+  tokens = _tokens((B, 6))
+  got = {}
+  for impl in ("xla", "pallas"):
+    cfg = dataclasses.replace(config, attn_impl=impl)
+    _, cache = model.prefill(params, tokens[:, :5], model.init_cache(cfg, B, 8), cfg)
+    got[impl], _ = model.decode_step(params, tokens[:, 5], jnp.full((B,), 5), cache, cfg)
+  np.testing.assert_allclose(got["pallas"], got["xla"], atol=1e-5)
+
+
 def test_extend_writes_only_its_slots():
   config = CONFIGS[FEAT]
   params = _params(config)

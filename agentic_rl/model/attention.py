@@ -18,8 +18,8 @@ Two modes, chosen by whether ``q_positions_BxT`` is given:
 Implementations: ``"xla"`` is :func:`agentic_rl.kernels.reference.attention`.
 ``"pallas"`` uses ``agentic_rl.kernels.flash_attention`` for self-attention
 and ``agentic_rl.kernels.decode_attention`` for single-token cache attention
-(T == 1, given the cache in its ``[B, S, K, Dh]`` layout); multi-token cache
-attention (chunked extend) has no kernel and uses the reference.
+(T == 1, reading the head-major cache in place); multi-token cache attention
+(chunked extend) has no kernel and uses the reference.
 """
 
 from __future__ import annotations
@@ -80,9 +80,9 @@ def attention(
           softcap=softcap, impl="pallas")
     if q_BxTxHxD.shape[1] == 1:
       out_BxHxD = kernels.decode_attention(
-          q_BxTxHxD[:, 0], jnp.swapaxes(k_BxSxKxD, 1, 2), jnp.swapaxes(v_BxSxKxD, 1, 2),
-          q_positions_BxT[:, 0] + 1,
-          sliding_window=sliding_window, softcap=softcap, impl="pallas")
+          q_BxTxHxD[:, 0], k_BxSxKxD, v_BxSxKxD, q_positions_BxT[:, 0] + 1,
+          sliding_window=sliding_window, softcap=softcap, impl="pallas",
+          kv_layout="BKSD")
       return out_BxHxD[:, None]
 
   if not cache_mode:

@@ -34,9 +34,8 @@ class KVCache:
   One buffer per layer rather than a stacked ``[L, B, K, S, Dh]`` one: a
   decode step updates each layer's buffer in place and its attention reads
   it in place. With a stacked cache, a layer scan slices layer ``l`` out of
-  the carry, which XLA copies (the whole cache, every step): 36 against
-  32 ms per step at batch 32 and 272 slots (BENCHMARKS.md). Head-major: see
-  ``model.attention``.
+  the carry, which XLA copies (the whole cache, every step; BENCHMARKS.md,
+  ``decode_step_stacked_cache``). Head-major: see ``model.attention``.
   """
 
   k: tuple[jax.Array, ...]

@@ -4,8 +4,9 @@ Params are a nested dict of arrays in ``config.param_dtype``; the per-layer
 weights are stacked on a leading ``layers`` axis and :func:`forward` applies
 them with ``lax.scan`` (one compiled layer body, whatever the depth).
 Incremental decoding (``kv_cache``) unrolls the layers instead, over one
-cache buffer per layer, and takes :func:`unstack_layers` params. Compute runs in
-``config.dtype``; RMSNorm, RoPE and the softmax run in fp32; logits are fp32.
+cache buffer per layer, and takes :func:`unstack_layers` params. Compute
+runs in ``config.dtype``; RMSNorm, RoPE and the softmax run in fp32; logits
+are fp32.
 
 Layout (D model, H query heads, K kv heads, Dh head dim, F mlp, V vocab,
 L layers)::

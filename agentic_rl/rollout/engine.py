@@ -15,10 +15,13 @@ the model's :func:`~agentic_rl.model.decode_step`:
   rows that stopped), its observation is framed by the codec and queued, and
   the episode ends on ``done``/``truncated``, a final stop id, or a limit.
 
-The loop exits early when no row is live. Episode limits (tokens per turn,
-turns, total tokens) truncate a row. Randomness is per row and per position
-(``fold_in(row_key, position)``), so an episode interrupted after any step and
-resumed (:meth:`RolloutEngine.resume`) draws exactly what it would have.
+The loop exits early when no row is live. The KV cache starts at the prompt
+length and grows to the row capacity in up to ``cache_segments`` steps (one
+while loop per size), so attention reads about as many slots as the rows
+hold. Episode limits (tokens per turn, turns, total tokens) truncate a row.
+Randomness is per row and per position (``fold_in(row_key, position)``), so
+an episode interrupted after any step and resumed
+(:meth:`RolloutEngine.resume`) draws exactly what it would have.
 """
 
 from __future__ import annotations
