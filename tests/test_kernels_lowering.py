@@ -69,16 +69,17 @@ def test_flash_attention_fwd_and_bwd_lower_to_triton(compiled_pallas, opts):
   assert n == 3  # forward, dQ, dK/dV
 
 
-def test_decode_attention_lowers_to_triton(compiled_pallas):
+@pytest.mark.parametrize("kv_layout", ["BSKD", "BKSD"])
+def test_decode_attention_lowers_to_triton(compiled_pallas, kv_layout):
   B, S, H, K, D = 8, 4000, 32, 8, 128
+  cache = (B, S, K, D) if kv_layout == "BSKD" else (B, K, S, D)
 
   def fn(q, k, v, lengths, window):
     return kernels.decode_attention(q, k, v, lengths, sliding_window=window,
-                                    softcap=50.0)
+                                    softcap=50.0, kv_layout=kv_layout)
 
-  assert _triton_calls(fn, _spec((B, H, D)), _spec((B, S, K, D)),
-                       _spec((B, S, K, D)), _spec((B,), jnp.int32),
-                       _spec((), jnp.int32)) == 1
+  assert _triton_calls(fn, _spec((B, H, D)), _spec(cache), _spec(cache),
+                       _spec((B,), jnp.int32), _spec((), jnp.int32)) == 1
 
 
 def test_token_logprobs_fwd_and_bwd_lower_to_triton(compiled_pallas):
