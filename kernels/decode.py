@@ -166,9 +166,9 @@ def _merge_splits(acc, m, l):
 
 def _validate(q, k, v, lengths, kv_layout):
   op = "decode_attention"
-  if kv_layout not in KV_LAYOUTS:
-    raise ValueError(f"{op}: kv_layout must be one of {KV_LAYOUTS}, got "
-                     f"{kv_layout!r}")
+  if kv_layout not in reference.KV_LAYOUTS:
+    raise ValueError(f"{op}: kv_layout must be one of {reference.KV_LAYOUTS}, "
+                     f"got {kv_layout!r}")
   if q.ndim != 3:
     raise ValueError(f"{op}: q must be [batch, heads, head_dim], got {q.shape}")
   dims = ("[batch, slots, kv_heads, head_dim]" if kv_layout == "BSKD"
@@ -197,7 +197,6 @@ def _validate(q, k, v, lengths, kv_layout):
 
 
 IMPLS = ("xla", "pallas")
-KV_LAYOUTS = ("BSKD", "BKSD")
 
 
 def decode_attention(

@@ -44,6 +44,10 @@ def attention_mask(
   return mask
 
 
+# Key/value layouts: sequence-major [B, S, K, D] or head-major [B, K, S, D].
+KV_LAYOUTS = ("BSKD", "BKSD")
+
+
 def attention(
     q_BxTxHxD: jax.Array,
     k_BxSxKxD: jax.Array,
@@ -75,8 +79,8 @@ def attention(
   in q's dtype.
   """
   B, T, H, D = q_BxTxHxD.shape
-  if kv_layout not in ("BSKD", "BKSD"):
-    raise ValueError(f"kv_layout must be 'BSKD' or 'BKSD', got {kv_layout!r}")
+  if kv_layout not in KV_LAYOUTS:
+    raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
   kv = "bskd" if kv_layout == "BSKD" else "bksd"
   S, K = (k_BxSxKxD.shape[1], k_BxSxKxD.shape[2]) if kv == "bskd" else \
       (k_BxSxKxD.shape[2], k_BxSxKxD.shape[1])

@@ -266,7 +266,6 @@ class RolloutEngine:
     return state.to_rollout()
 
   def _advance(self, params, state, version, max_steps, temperature, *, prefill_len):
-    params = model_lib.unstack_layers(params)
     cache_len = prefill_len if self.cache_segments > 1 else self.max_len
     cache = model_lib.init_cache(self.model_config, self.batch_size, cache_len)
     _, cache = model_lib.prefill(params, state.tokens_BxT[:, :prefill_len],

@@ -17,6 +17,7 @@ from agentic_rl.invariants.alarms import Band
 from agentic_rl.rollout.sampling import SamplingConfig
 from agentic_rl.text import tokenizer as tok_lib
 from agentic_rl.train import sharding
+from agentic_rl.train import tasks as tasks_lib
 
 STAGE_KINDS = ("sft", "rl")
 OPTIMIZERS = ("adamw", "mirror_descent")
@@ -96,8 +97,7 @@ def validate(cfg) -> None:
   if unknown:
     _err(f"config.tasks.families has unknown task families {sorted(unknown)}; "
          f"valid: {sorted(registry.ENVS)}")
-  levels = cfg.tasks.difficulty
-  levels = tuple(levels) if isinstance(levels, (tuple, list)) else (levels,)
+  levels = tasks_lib.difficulty_levels(cfg.tasks.difficulty)
   if not levels or not all(isinstance(d, int) and d >= 0 for d in levels):
     _err(f"config.tasks.difficulty must be a level >= 0 or a non-empty tuple of them, got "
          f"{cfg.tasks.difficulty!r}")

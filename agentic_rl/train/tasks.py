@@ -26,8 +26,7 @@ class Tasks:
   def __init__(self, env, *, seed: int, difficulty: int | Sequence[int], prompt_len: int):
     self.env = env
     self.seed = seed
-    self.levels = tuple(int(d) for d in difficulty) if isinstance(difficulty, Sequence) \
-        else (int(difficulty),)
+    self.levels = tuple(int(d) for d in difficulty_levels(difficulty))
     self.prompt_len = prompt_len
 
   def difficulty_of(self, ids) -> np.ndarray:
@@ -43,6 +42,11 @@ class Tasks:
   def prompts(self, instances) -> tuple[np.ndarray, np.ndarray]:
     """``(prompts_NxL, prompt_len_N)``: the codec's prompt ids, right-padded."""
     return encode_prompts(self.env, instances, self.prompt_len)
+
+
+def difficulty_levels(difficulty) -> tuple:
+  """``config.tasks.difficulty`` (one level, or a sequence of them) as a tuple."""
+  return tuple(difficulty) if isinstance(difficulty, Sequence) else (difficulty,)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2))
