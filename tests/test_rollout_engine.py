@@ -138,9 +138,9 @@ def test_behaviour_logprobs_equal_the_learner_recompute(setup):
                             script_PxS=script, script_len_P=script_len)
   learner, ent = _learner_and_entropy(s["params"], out.tokens_BxT)
   m = rollout.mismatch_metrics(out.behaviour_logp_BxT, learner, out.loss_mask_BxT)
-  assert float(m["logp_abs_diff_max"]) < 1e-5
-  assert float(m["logp_abs_diff_mean"]) < 1e-6
-  assert abs(float(m["k3_kl"])) < 1e-9
+  assert float(m["logprob_mismatch_max"]) < 1e-5
+  assert float(m["logprob_mismatch_mean"]) < 1e-6
+  assert abs(float(m["kl_behaviour_learner"])) < 1e-9
   # Entropies are those of the learner's distributions too.
   mask = np.asarray(out.loss_mask_BxT) > 0
   np.testing.assert_allclose(np.asarray(out.entropy_BxT)[mask],
@@ -209,9 +209,9 @@ def test_mismatch_metrics_hand_computed():
   mask = jnp.array([[0.0, 1.0, 1.0]])
   m = rollout.mismatch_metrics(b, l, mask)
   d = np.array([-0.5, 1.0])
-  np.testing.assert_allclose(m["logp_abs_diff_mean"], 0.75, rtol=1e-6)
-  np.testing.assert_allclose(m["logp_abs_diff_max"], 1.0, rtol=1e-6)
-  np.testing.assert_allclose(m["k3_kl"], np.mean(np.exp(d) - d - 1), rtol=1e-6)
+  np.testing.assert_allclose(m["logprob_mismatch_mean"], 0.75, rtol=1e-6)
+  np.testing.assert_allclose(m["logprob_mismatch_max"], 1.0, rtol=1e-6)
+  np.testing.assert_allclose(m["kl_behaviour_learner"], np.mean(np.exp(d) - d - 1), rtol=1e-6)
 
 
 def test_input_errors(setup):

@@ -39,7 +39,7 @@ def loop(codec, model):
 def _max_mismatch(params, config, out):
   learner = _learner_logprobs(params, out.tokens_BxT, config, SAMPLING)
   m = rollout.mismatch_metrics(out.behaviour_logp_BxT, learner, out.loss_mask_BxT)
-  return float(m["logp_abs_diff_max"])
+  return float(m["logprob_mismatch_max"])
 
 
 class CountdownEnv:

@@ -42,4 +42,4 @@ def test_mixed_families_in_one_batch():
     assert "<tool_call>calc 6*7</tool_call><tool_result>42</tool_result>" in text
   learner = rollout.learner_logprobs(params, out.tokens_BxT, config, sampling)
   m = rollout.mismatch_metrics(out.behaviour_logp_BxT, learner, out.loss_mask_BxT)
-  assert float(m["logp_abs_diff_max"]) < 1e-5
+  assert float(m["logprob_mismatch_max"]) < 1e-5

@@ -1,7 +1,8 @@
 """The rollout engine: jitted multi-turn sampling, host-environment loop,
 partial rollouts, and the train-inference consistency check."""
 
-from agentic_rl.rollout.consistency import learner_logprobs, mismatch_metrics
+from agentic_rl.invariants.shift.monitors import mismatch_metrics
+from agentic_rl.rollout.consistency import learner_logprobs
 from agentic_rl.rollout.engine import RolloutEngine
 from agentic_rl.rollout.gem_adapter import GemEnv
 from agentic_rl.rollout.host import HostLoop, TextEnv

@@ -4,8 +4,8 @@ The rollout engine samples through ``model.decode_step`` and records each
 policy token's log-prob under the sampling distribution; the learner scores
 the same tokens teacher-forced with ``model.scoring.sequence_logprobs``. Both
 run the same model code, so at temperature 1 without truncation they agree
-to fp32 rounding. :func:`mismatch_metrics` reports how far apart they are (the I3
-train/inference mismatch monitor).
+to fp32 rounding. ``invariants.shift.mismatch_metrics`` (also ``rollout.mismatch_metrics``)
+reports how far apart they are: the I3 train/inference mismatch monitor.
 """
 
 from __future__ import annotations
@@ -53,27 +53,3 @@ def learner_logprobs(params, tokens_BxT: jax.Array, model_config,
   logp_BxT1 = jnp.take_along_axis(logp_BxT1xV, tokens_BxT[:, 1:, None],
                                   axis=-1)[..., 0]
   return jnp.pad(logp_BxT1, ((0, 0), (1, 0)))
-
-
-def mismatch_metrics(behaviour_logp_BxT: jax.Array, learner_logp_BxT: jax.Array,
-                     mask_BxT: jax.Array) -> dict[str, jax.Array]:
-  """Behaviour vs learner log-prob gap over the masked (policy) tokens.
-
-  With ``d = logp_learner - logp_behaviour``:
-
-  * ``logp_abs_diff_mean`` / ``logp_abs_diff_max``: mean and max of ``|d|``;
-  * ``k3_kl``: mean of ``exp(d) - d - 1``, the k3 estimator of
-    ``KL(pi_behaviour || pi_learner)`` from behaviour samples (Schulman 2020;
-    the "vllm-kl" monitor of Liu, Li et al. 2025).
-
-  All float32 scalars; 0 when the mask is empty.
-  """
-  mask = mask_BxT.astype(jnp.float32)
-  on = mask > 0
-  d = jnp.where(on, learner_logp_BxT - behaviour_logp_BxT, 0.0)
-  n = jnp.maximum(jnp.sum(mask), 1.0)
-  return {
-      "logp_abs_diff_mean": jnp.sum(jnp.abs(d) * mask) / n,
-      "logp_abs_diff_max": jnp.max(jnp.where(on, jnp.abs(d), 0.0)),
-      "k3_kl": jnp.sum((jnp.expm1(d) - d) * mask) / n,
-  }

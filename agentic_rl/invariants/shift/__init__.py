@@ -14,13 +14,15 @@ behaviour/learner corrections (TIS, MIS / IcePop, OPSM) are loss terms in
 from agentic_rl.invariants.shift.config import ShiftConfig
 from agentic_rl.invariants.shift.fifo import (LaunchQueue, collect, fifo_window, finish,
                                               init_queue, launch)
-from agentic_rl.invariants.shift.monitors import (check_versions, shift_metrics, staleness,
+from agentic_rl.invariants.shift.monitors import (check_versions, mismatch_metrics,
+                                                  shift_metrics, staleness,
                                                   staleness_histogram)
 from agentic_rl.invariants.shift.weights import (partial_rollout_weights, shift_weights,
                                                  staleness_weights)
 
 __all__ = [
     "LaunchQueue", "ShiftConfig", "check_versions", "collect",
-    "fifo_window", "finish", "init_queue", "launch", "partial_rollout_weights", "shift_metrics",
+    "fifo_window", "finish", "init_queue", "launch", "mismatch_metrics", "partial_rollout_weights",
+    "shift_metrics",
     "shift_weights", "staleness", "staleness_histogram", "staleness_weights",
 ]

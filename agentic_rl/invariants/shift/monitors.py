@@ -63,42 +63,68 @@ def staleness_histogram(version_BxT: jax.Array, mask_BxT: jax.Array,
                              num_segments=num_bins)
 
 
+def mismatch_metrics(behaviour_logp_BxT: jax.Array, learner_logp_BxT: jax.Array,
+                     mask_BxT: jax.Array) -> dict[str, jax.Array]:
+  """Behaviour vs learner log-prob gap over the policy tokens (the I3
+  train/inference mismatch monitor).
+
+  With ``delta = learner_logp - behaviour_logp``: ``logprob_mismatch_mean`` and
+  ``_max`` (``|delta|``), ``prob_mismatch_max`` (``|p_learner -
+  p_behaviour|``), ``kl_behaviour_learner`` (mean of the K3 estimator
+  ``exp(delta) - delta - 1`` of KL(behaviour || learner)), ``is_ratio_mean``
+  and ``is_ratio_max`` (``exp(delta)``). float32 scalars; 0 when the mask is
+  empty.
+  """
+  check_token_shapes(mask=mask_BxT, behaviour_logp=behaviour_logp_BxT,
+                     learner_logp=learner_logp_BxT)
+  mask = jnp.asarray(mask_BxT, bool)
+  behaviour = jnp.asarray(behaviour_logp_BxT, jnp.float32)
+  learner = jnp.asarray(learner_logp_BxT, jnp.float32)
+  delta = jnp.where(mask, learner - behaviour, 0.0)
+  ratio = jnp.exp(delta)
+  mean, maximum = _masked_reducers(mask)
+  return {
+      "logprob_mismatch_max": maximum(jnp.abs(delta)),
+      "logprob_mismatch_mean": mean(jnp.abs(delta)),
+      "prob_mismatch_max": maximum(jnp.abs(jnp.exp(learner) - jnp.exp(behaviour))),
+      "kl_behaviour_learner": mean(jnp.expm1(delta) - delta),
+      "is_ratio_mean": mean(ratio),
+      "is_ratio_max": maximum(ratio),
+  }
+
+
+def _masked_reducers(mask_BxT: jax.Array):
+  """``(mean, max)`` over the masked entries; both 0 when none is."""
+  n = jnp.maximum(jnp.sum(mask_BxT), 1).astype(jnp.float32)
+
+  def mean(x):
+    return jnp.sum(jnp.where(mask_BxT, x, 0.0)) / n
+
+  def maximum(x):
+    return jnp.max(jnp.where(mask_BxT, x, 0), initial=0)
+
+  return mean, maximum
+
+
 def shift_metrics(mask_BxT: jax.Array, behaviour_logp_BxT: jax.Array, learner_logp_BxT: jax.Array,
                   version_BxT: jax.Array, current_version: int | jax.Array) -> dict[str, jax.Array]:
   """The ``shift/*`` monitors of the data as collected (before any correction).
 
   Returns:
     ``shift/staleness_mean``, ``shift/staleness_max``, ``shift/stale_token_frac``
-    (lag > 0), ``shift/logprob_mismatch_max`` and ``_mean`` (``|delta|``),
-    ``shift/prob_mismatch_max`` (``|p_learner - p_behaviour|``),
-    ``shift/kl_behaviour_learner`` (K3), ``shift/is_ratio_mean`` and
-    ``shift/is_ratio_max`` (``exp(delta)``). All over policy tokens; 0 when
-    there are none.
+    (lag > 0), and :func:`mismatch_metrics` under ``shift/``. All over policy
+    tokens; 0 when there are none.
   """
   check_token_shapes(mask=mask_BxT, behaviour_logp=behaviour_logp_BxT,
-                    learner_logp=learner_logp_BxT, version=version_BxT)
+                     learner_logp=learner_logp_BxT, version=version_BxT)
   mask = jnp.asarray(mask_BxT, bool)
-  n = jnp.maximum(jnp.sum(mask), 1).astype(jnp.float32)
   lag = staleness(version_BxT, mask, current_version)
-  behaviour = jnp.asarray(behaviour_logp_BxT, jnp.float32)
-  learner = jnp.asarray(learner_logp_BxT, jnp.float32)
-  delta = jnp.where(mask, learner - behaviour, 0.0)
-  ratio = jnp.exp(delta)
-
-  def mean(x):
-    return jnp.sum(jnp.where(mask, x, 0.0)) / n
-
-  def maximum(x):
-    return jnp.max(jnp.where(mask, x, 0), initial=0)
-
-  return {
+  mean, maximum = _masked_reducers(mask)
+  metrics = {
       "shift/staleness_mean": mean(lag.astype(jnp.float32)),
       "shift/staleness_max": maximum(lag).astype(jnp.float32),
       "shift/stale_token_frac": mean((lag > 0).astype(jnp.float32)),
-      "shift/logprob_mismatch_max": maximum(jnp.abs(delta)),
-      "shift/logprob_mismatch_mean": mean(jnp.abs(delta)),
-      "shift/prob_mismatch_max": maximum(jnp.abs(jnp.exp(learner) - jnp.exp(behaviour))),
-      "shift/kl_behaviour_learner": mean(ratio - delta - 1.0),
-      "shift/is_ratio_mean": mean(ratio),
-      "shift/is_ratio_max": maximum(ratio),
   }
+  mismatch = mismatch_metrics(behaviour_logp_BxT, learner_logp_BxT, mask)
+  metrics.update({f"shift/{k}": v for k, v in mismatch.items()})
+  return metrics
