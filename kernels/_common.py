@@ -4,6 +4,8 @@ Pallas kernels here are written for the Triton backend (``impl="pallas"`` on
 GPU). On CPU the very same kernels run with ``interpret=True`` so that tests
 run everywhere. TPU has no Mosaic version of these kernels: asking for
 ``impl="pallas"`` there raises a ``ValueError`` pointing at ``impl="xla"``.
+In-kernel dots take their precision from ``jax_default_matmul_precision``
+(:func:`dot_precision`).
 """
 
 from __future__ import annotations
@@ -112,16 +114,45 @@ def window_operand(op: str, window) -> jax.Array | None:
 # In-kernel helpers (plain jnp on tiles; they lower to Triton and interpret).
 
 
+# jax_default_matmul_precision values -> the lax.Precision of in-kernel dots.
+_PRECISIONS = {
+    "highest": lax.Precision.HIGHEST, "float32": lax.Precision.HIGHEST,
+    "high": lax.Precision.HIGH, "tensorfloat32": lax.Precision.HIGH,
+    "default": lax.Precision.DEFAULT, "bfloat16": lax.Precision.DEFAULT,
+}
+
+
+def dot_precision() -> lax.Precision | None:
+  """The in-kernel dots' precision: ``jax_default_matmul_precision``.
+
+  XLA dots follow that setting by themselves, but a Pallas dot only sees its
+  own ``precision``, and Triton lowers the default for fp32 operands to TF32.
+  Reading the setting when the kernel is traced keeps the kernels and the
+  ``impl="xla"`` references at the same precision (``"highest"``: IEEE fp32
+  on GPU). Unset or an algorithm name: None (the backend default).
+  """
+  value = jax.config.jax_default_matmul_precision
+  return _PRECISIONS.get(str(value).lower()) if value is not None else None
+
+
+def _dot(a, b, contract):
+  return lax.dot_general(a, b, (contract, ((), ())), precision=dot_precision(),
+                         preferred_element_type=jnp.float32)
+
+
+def dot_nn(a, b):
+  """``a @ b`` with fp32 accumulation."""
+  return _dot(a, b, ((1,), (0,)))
+
+
 def dot_nt(a, b):
   """``a @ b.T`` with fp32 accumulation."""
-  return lax.dot_general(a, b, (((1,), (1,)), ((), ())),
-                         preferred_element_type=jnp.float32)
+  return _dot(a, b, ((1,), (1,)))
 
 
 def dot_tn(a, b):
   """``a.T @ b`` with fp32 accumulation."""
-  return lax.dot_general(a, b, (((0,), (0,)), ((), ())),
-                         preferred_element_type=jnp.float32)
+  return _dot(a, b, ((0,), (0,)))
 
 
 def online_softmax_init(rows: int, width: int):
@@ -144,6 +175,5 @@ def online_softmax_step(carry, s, mask, v):
   if mask is not None:
     p = jnp.where(mask, p, 0.0)
   alpha = jnp.exp(m - m_new)
-  acc = alpha[:, None] * acc + jnp.dot(p.astype(v.dtype), v,
-                                       preferred_element_type=jnp.float32)
+  acc = alpha[:, None] * acc + dot_nn(p.astype(v.dtype), v)
   return acc, m_new, alpha * l + jnp.sum(p, axis=1)

@@ -298,8 +298,7 @@ def _dq_kernel(*refs, cfg: _Config):
     ds = p * (_common.dot_nt(do, v) - delta[:, None])
     if t is not None:
       ds = ds * (1.0 - t * t)
-    return dq + jnp.dot(ds.astype(k.dtype), k,
-                        preferred_element_type=jnp.float32)
+    return dq + _common.dot_nn(ds.astype(k.dtype), k)
 
   spans = _block_ranges(cfg, q_start, bq, bk, window, _key_blocks,
                         _full_key_blocks)

@@ -208,7 +208,7 @@ def _tile_logits(cfg: _Config, h_ref, w_ref, col):
     d0 = pl.multiple_of(kd * cfg.bd, cfg.bd)
     h = h_ref[:, pl.ds(d0, cfg.bd)]
     w = w_ref[pl.ds(d0, cfg.bd), pl.ds(col, cfg.bv)]
-    return acc + jnp.dot(h, w, preferred_element_type=jnp.float32)
+    return acc + _common.dot_nn(h, w)
   return lax.fori_loop(0, cfg.Dp // cfg.bd, step,
                        jnp.zeros((cfg.bn, cfg.bv), jnp.float32))
 

@@ -8,6 +8,9 @@ jaxlibs compile the Triton IR to PTX while lowering (custom call
 one these tests skip.
 """
 
+import contextlib
+import re
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -108,3 +111,28 @@ def test_pallas_on_tpu_raises_a_clear_error(monkeypatch):
     kernels.flash_attention(q, q, q)
   with pytest.raises(ValueError, match="no Mosaic kernel"):
     kernels.token_logprobs(h, h, jnp.zeros((16,), jnp.int32))
+
+
+@pytest.mark.parametrize("setting, expected", [
+    (None, set()), ("highest", {"HIGHEST"}), ("float32", {"HIGHEST"}),
+    ("tensorfloat32", {"HIGH"}), ("bfloat16", {"DEFAULT"})])
+def test_kernel_dots_follow_default_matmul_precision(setting, expected):
+  # Triton lowers a default-precision fp32 dot to TF32; the kernels must use
+  # the precision the XLA reference gets from jax_default_matmul_precision.
+  q = jnp.ones((1, 32, 2, 16))
+  h, w, t = q[0, :, 0], jnp.ones((16, 64)), jnp.zeros((32,), jnp.int32)
+  fns = {
+      "flash": lambda: jax.grad(
+          lambda q: kernels.flash_attention(q, q, q).sum())(q),
+      "logprobs": lambda: jax.grad(
+          lambda h: kernels.token_logprobs(h, w, t)[0].sum())(h),
+      "decode": lambda: kernels.decode_attention(
+          q[:, 0], q, q, jnp.array([5], jnp.int32)),
+  }
+  for name, fn in fns.items():
+    with (contextlib.nullcontext() if setting is None
+          else jax.default_matmul_precision(setting)):
+      jaxpr = str(jax.make_jaxpr(fn)())
+    assert "pallas_call" in jaxpr, name
+    found = set(re.findall(r"precision=\(Precision\.(\w+),", jaxpr))
+    assert found == expected, (name, found)
