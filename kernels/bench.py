@@ -1,6 +1,7 @@
 """Benchmark every implementation of each kernel op side by side.
 
     python -m agentic_rl.kernels.bench --out FILE [--quick] [--ops a,b]
+    python -m agentic_rl.kernels.bench --tune --out FILE [--max_seconds S]
 
 For each op and shape, every implementation available on this backend is
 compiled once (``jax.jit(f).lower(...).compile()``, whose
@@ -12,6 +13,13 @@ FlashAttention-2; log-probs count ``2NDV`` per matmul, 3 for fwd+bwd) and
 GB/s for decode (cache bytes read), reported against the device's spec peak
 when known. A failing implementation is recorded with its error and the run
 goes on. ``--quick`` uses tiny shapes (CPU: Pallas runs interpreted).
+
+``--tune`` times the Pallas implementation alone over its tile sizes instead:
+one pass of coordinate search per case over :data:`TUNE_GRIDS` (each field
+tried in turn with the others held at the best so far, starting from the
+defaults; a fwd+bwd search starts from the same op's best forward tiles),
+within ``--max_seconds``. The JSON is rewritten after every case, so a run cut
+short still leaves what it measured.
 """
 
 from __future__ import annotations
@@ -51,6 +59,28 @@ class Case:
   args: tuple
   flops: float | None = None  # useful FLOPs per call
   bytes: float | None = None  # bytes that must move per call
+  # The Pallas fn with given tile sizes (an instance of ``blocks``), for --tune.
+  pallas_with: Callable[[object], Callable] | None = None
+  blocks: type | None = None
+
+
+# Tile sizes --tune tries, per (op, mode): field -> candidates.
+TUNE_GRIDS = {
+    ("flash_attention", "fwd"): dict(
+        block_q=(32, 64, 128), block_k=(32, 64, 128), num_warps_fwd=(4, 8),
+        num_stages=(2, 3, 4)),
+    ("flash_attention", "fwd+bwd"): dict(
+        block_q_dq=(32, 64, 128), block_k_dq=(32, 64, 128),
+        block_q_dkv=(32, 64, 128), block_k_dkv=(32, 64, 128),
+        num_warps_bwd=(4, 8)),
+    ("token_logprobs", "fwd"): dict(
+        block_n=(64, 128), block_v=(64, 128, 256), block_d=(32, 64, 128),
+        num_warps=(4, 8), num_stages=(2, 3, 4)),
+    ("token_logprobs", "fwd+bwd"): dict(chunk_v=(4096, 8192, 16384)),
+    ("decode_attention", "fwd"): dict(
+        block_k=(64, 128, 256), num_splits=(None, 4, 8, 16, 32),
+        num_warps=(4, 8), num_stages=(2, 3)),
+}
 
 
 def _peaks():
@@ -81,19 +111,26 @@ def _attention_cases(B, T, H, K, D, dtype, window=None):
       min(t + 1, window) for t in range(T))
   fwd_flops = 4.0 * B * H * D * visible
   shape = f"B{B} T{T} H{H} K{K} D{D}" + (f" w{window}" if window else "")
-  fwd, fwd_bwd = {}, {}
-  for impl in _available("flash_attention"):
-    attend = functools.partial(kernels.flash_attention, causal=True,
-                               sliding_window=window, impl=impl)
-    fwd[impl] = attend
-    fwd_bwd[impl] = jax.grad(
-        lambda q, k, v, attend=attend: jnp.sum(
-            attend(q, k, v).astype(jnp.float32)), argnums=(0, 1, 2))
+
+  def attend(impl, blocks=None):
+    return functools.partial(kernels.flash_attention, causal=True,
+                             sliding_window=window, impl=impl,
+                             block_sizes=blocks)
+
+  def grad(impl, blocks=None):
+    f = attend(impl, blocks)
+    return jax.grad(lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32)),
+                    argnums=(0, 1, 2))
+
+  impls = _available("flash_attention")
   name = jnp.dtype(dtype).name
-  return [Case("flash_attention", "fwd", shape, name, fwd, (q, k, v),
-               flops=fwd_flops),
-          Case("flash_attention", "fwd+bwd", shape, name, fwd_bwd, (q, k, v),
-               flops=3.5 * fwd_flops)]
+  tune = dict(blocks=kernels.AttentionBlockSizes)
+  return [Case("flash_attention", "fwd", shape, name,
+               {i: attend(i) for i in impls}, (q, k, v), flops=fwd_flops,
+               pallas_with=functools.partial(attend, "pallas"), **tune),
+          Case("flash_attention", "fwd+bwd", shape, name,
+               {i: grad(i) for i in impls}, (q, k, v), flops=3.5 * fwd_flops,
+               pallas_with=functools.partial(grad, "pallas"), **tune)]
 
 
 def _logprob_cases(N, D, V, dtype):
@@ -102,21 +139,29 @@ def _logprob_cases(N, D, V, dtype):
   w = (jax.random.normal(keys[1], (D, V), jnp.float32) * D ** -0.5).astype(
       dtype)
   targets = jax.random.randint(keys[2], (N,), 0, V)
-  fwd, fwd_bwd = {}, {}
-  for impl in _available("token_logprobs"):
-    f = functools.partial(kernels.token_logprobs, impl=impl)
-    fwd[impl] = f
 
-    def loss(h, w, targets, f=f):
+  def fwd(impl, blocks=None):
+    return functools.partial(kernels.token_logprobs, impl=impl,
+                             block_sizes=blocks)
+
+  def grad(impl, blocks=None):
+    f = fwd(impl, blocks)
+
+    def loss(h, w, targets):
       logp, ent = f(h, w, targets)
       return jnp.sum(logp) + 0.01 * jnp.sum(ent)
-    fwd_bwd[impl] = jax.grad(loss, argnums=(0, 1))
+    return jax.grad(loss, argnums=(0, 1))
+
+  impls = _available("token_logprobs")
   matmul = 2.0 * N * D * V
   shape, name = f"N{N} D{D} V{V}", jnp.dtype(dtype).name
-  return [Case("token_logprobs", "fwd", shape, name, fwd, (h, w, targets),
-               flops=matmul),
-          Case("token_logprobs", "fwd+bwd", shape, name, fwd_bwd,
-               (h, w, targets), flops=3 * matmul)]
+  tune = dict(blocks=kernels.LogprobBlockSizes)
+  return [Case("token_logprobs", "fwd", shape, name,
+               {i: fwd(i) for i in impls}, (h, w, targets), flops=matmul,
+               pallas_with=functools.partial(fwd, "pallas"), **tune),
+          Case("token_logprobs", "fwd+bwd", shape, name,
+               {i: grad(i) for i in impls}, (h, w, targets), flops=3 * matmul,
+               pallas_with=functools.partial(grad, "pallas"), **tune)]
 
 
 def _decode_cases(B, S, H, K, D, dtype):
@@ -126,12 +171,18 @@ def _decode_cases(B, S, H, K, D, dtype):
   k = jax.random.normal(keys[1], (B, K, S, D), dtype)
   v = jax.random.normal(keys[2], (B, K, S, D), dtype)
   lengths = jax.random.randint(keys[3], (B,), S // 2, S + 1)
-  fns = {impl: functools.partial(kernels.decode_attention, impl=impl,
-                                 kv_layout="BKSD")
-         for impl in _available("decode_attention")}
+
+  def decode(impl, blocks=None):
+    return functools.partial(kernels.decode_attention, impl=impl,
+                             kv_layout="BKSD", block_sizes=blocks)
+
   read = 2.0 * float(jnp.sum(lengths)) * K * D * jnp.dtype(dtype).itemsize
   return [Case("decode_attention", "fwd", f"B{B} S{S} H{H} K{K} D{D}",
-               jnp.dtype(dtype).name, fns, (q, k, v, lengths), bytes=read)]
+               jnp.dtype(dtype).name,
+               {i: decode(i) for i in _available("decode_attention")},
+               (q, k, v, lengths), bytes=read,
+               pallas_with=functools.partial(decode, "pallas"),
+               blocks=kernels.DecodeBlockSizes)]
 
 
 def cases(quick: bool, ops: set[str]) -> list[Case]:
@@ -169,6 +220,26 @@ def _memory(compiled) -> dict:
   return {f: int(getattr(stats, f)) for f in fields if hasattr(stats, f)}
 
 
+def _error(e: Exception) -> str:
+  return f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+
+
+def measure(fn: Callable, args: tuple, repeats: int, warmup: int) -> dict:
+  """Compiles ``fn`` once; ``compile_s``, memory stats and the median ``ms``."""
+  t0 = time.perf_counter()
+  compiled = jax.jit(fn).lower(*args).compile()
+  out = dict(compile_s=time.perf_counter() - t0, **_memory(compiled))
+  for _ in range(warmup):
+    jax.block_until_ready(compiled(*args))
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    times.append(time.perf_counter() - t0)
+  out["ms"] = 1e3 * statistics.median(times)
+  return out
+
+
 def run_case(case: Case, repeats: int, warmup: int) -> list[dict]:
   """Times each implementation of ``case``; one result dict per impl."""
   peak_flops, peak_bw = _peaks()
@@ -177,19 +248,8 @@ def run_case(case: Case, repeats: int, warmup: int) -> list[dict]:
     row = dict(op=case.op, mode=case.mode, shape=case.shape,
                dtype=case.dtype, impl=impl)
     try:
-      t0 = time.perf_counter()
-      compiled = jax.jit(fn).lower(*case.args).compile()
-      row["compile_s"] = time.perf_counter() - t0
-      row.update(_memory(compiled))
-      for _ in range(warmup):
-        jax.block_until_ready(compiled(*case.args))
-      times = []
-      for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(compiled(*case.args))
-        times.append(time.perf_counter() - t0)
-      seconds = statistics.median(times)
-      row["ms"] = 1e3 * seconds
+      row.update(measure(fn, case.args, repeats, warmup))
+      seconds = row["ms"] / 1e3
       if case.flops:
         row["tflops"] = case.flops / seconds / 1e12
         if peak_flops and case.dtype == "bfloat16":
@@ -199,7 +259,7 @@ def run_case(case: Case, repeats: int, warmup: int) -> list[dict]:
         if peak_bw:
           row["pct_peak"] = 100 * case.bytes / seconds / peak_bw
     except Exception as e:  # pylint: disable=broad-except
-      row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+      row["error"] = _error(e)
     rows.append(row)
   base = next((r for r in rows if r["impl"] == "xla" and "ms" in r), None)
   for r in rows:
@@ -208,6 +268,50 @@ def run_case(case: Case, repeats: int, warmup: int) -> list[dict]:
       if r.get("temp_size_in_bytes") and base.get("temp_size_in_bytes"):
         r["temp_vs_xla"] = r["temp_size_in_bytes"] / base["temp_size_in_bytes"]
   return rows
+
+
+def tune(case: Case, repeats: int, warmup: int, *, deadline: float,
+         start=None, grid: dict | None = None) -> dict:
+  """Coordinate search over ``case``'s Pallas tile sizes (see module doc).
+
+  ``start``: the tile sizes to begin from (default: ``case.blocks()``);
+  ``grid``: field -> candidates (default: ``TUNE_GRIDS``). Stops trying new
+  tiles once ``time.perf_counter()`` passes ``deadline``. Returns the best
+  tiles, their ``ms`` and the defaults' ``default_ms``, and every trial (a
+  failing one, such as a tile needing more shared memory than the device
+  has, records its error and scores infinity).
+  """
+  grid = TUNE_GRIDS[(case.op, case.mode)] if grid is None else grid
+  scores, trials = {}, []
+
+  def score(blocks) -> float:
+    key = dataclasses.astuple(blocks)
+    if key not in scores:
+      trial = dict(blocks=dataclasses.asdict(blocks))
+      try:
+        trial.update(measure(case.pallas_with(blocks), case.args, repeats,
+                             warmup))
+      except Exception as e:  # pylint: disable=broad-except
+        trial["error"] = _error(e)
+      trials.append(trial)
+      scores[key] = trial.get("ms", float("inf"))
+    return scores[key]
+
+  best = start if start is not None else case.blocks()
+  default_ms = score(case.blocks())
+  best_ms = score(best)
+  for field, values in grid.items():
+    for value in values:
+      if time.perf_counter() > deadline:
+        break
+      candidate = dataclasses.replace(best, **{field: value})
+      ms = score(candidate)
+      if ms < best_ms:
+        best, best_ms = candidate, ms
+  return dict(op=case.op, mode=case.mode, shape=case.shape, dtype=case.dtype,
+              default_ms=default_ms, best_ms=best_ms,
+              speedup_vs_default=default_ms / best_ms,
+              best_blocks=dataclasses.asdict(best), trials=trials)
 
 
 def format_table(rows: list[dict]) -> str:
@@ -244,12 +348,17 @@ def main(argv=None) -> dict:
   parser.add_argument("--ops", default="flash_attention,token_logprobs,"
                       "decode_attention", help="comma-separated ops")
   parser.add_argument("--repeats", type=int, default=None)
+  parser.add_argument("--tune", action="store_true",
+                      help="search the Pallas tile sizes instead")
+  parser.add_argument("--max_seconds", type=float, default=None,
+                      help="--tune: stop trying new tiles after this long")
   args = parser.parse_args(argv)
   ops = set(args.ops.split(","))
   unknown = ops - {"flash_attention", "token_logprobs", "decode_attention"}
   if unknown:
     parser.error(f"unknown ops {sorted(unknown)}")
-  repeats = args.repeats or (3 if args.quick else 20)
+  repeats = args.repeats or (3 if args.quick else 10 if args.tune else 20)
+  warmup = 1 if args.quick else 3
   device = jax.devices()[0]
   report = dict(
       date=datetime.datetime.now(datetime.timezone.utc).isoformat(
@@ -259,15 +368,43 @@ def main(argv=None) -> dict:
       jax_version=jax.__version__, quick=args.quick, repeats=repeats,
       peak_bf16_flops=_peaks()[0], peak_hbm_bytes_per_s=_peaks()[1],
       rows=[])
+
+  def save():
+    with open(args.out, "w") as f:
+      json.dump(report, f, indent=1, default=float)
+
+  if args.tune:
+    return _tune_all(report, cases(args.quick, ops), repeats, warmup,
+                     args.max_seconds, save)
   for case in cases(args.quick, ops):
-    for row in run_case(case, repeats, warmup=1 if args.quick else 3):
+    for row in run_case(case, repeats, warmup):
       report["rows"].append(row)
       result = row.get("error") or f"{row['ms']:.3f} ms"
       print(f"{row['op']} {row['mode']} [{row['shape']}] {row['impl']}: "
             f"{result}", flush=True)
+    save()
   print(format_table(report["rows"]))
-  with open(args.out, "w") as f:
-    json.dump(report, f, indent=1, default=float)
+  return report
+
+
+def _tune_all(report, all_cases, repeats, warmup, max_seconds, save) -> dict:
+  deadline = time.perf_counter() + (
+      float("inf") if max_seconds is None else max_seconds)
+  report["tuning"] = []
+  best_fwd = {}  # (op, shape) -> the forward's best tiles
+  for case in all_cases:
+    if case.pallas_with is None or "pallas" not in case.fns:
+      continue
+    result = tune(case, repeats, warmup, deadline=deadline,
+                  start=best_fwd.get((case.op, case.shape)))
+    if case.mode == "fwd":
+      best_fwd[(case.op, case.shape)] = case.blocks(**result["best_blocks"])
+    report["tuning"].append(result)
+    print(f"{case.op} {case.mode} [{case.shape}]: default "
+          f"{result['default_ms']:.3f} ms, best {result['best_ms']:.3f} ms "
+          f"with {result['best_blocks']} ({len(result['trials'])} tried)",
+          flush=True)
+    save()
   return report
 
 

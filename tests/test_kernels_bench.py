@@ -37,3 +37,33 @@ def test_quick_decode_run_writes_json(tmp_path):
   impls = {r["impl"] for r in saved["rows"]}
   assert impls == {"xla", "pallas"}
   assert all("error" not in r and r["gbps"] > 0 for r in saved["rows"])
+
+
+def _quick_decode_case():
+  [case] = bench.cases(quick=True, ops={"decode_attention"})
+  return case
+
+
+def test_tune_keeps_the_fastest_tiles_and_records_failures():
+  case = _quick_decode_case()
+  result = bench.tune(case, repeats=1, warmup=0, deadline=float("inf"),
+                      grid={"block_k": (24, 32), "num_splits": (2,)})
+  trials = result["trials"]
+  # The defaults, then each candidate once (block_k=24 is not a power of 2).
+  assert [t["blocks"]["block_k"] for t in trials[:3]] == [128, 24, 32]
+  assert len(trials) == 4 and trials[3]["blocks"]["num_splits"] == 2
+  assert "error" in trials[1] and "ms" not in trials[1]
+  timed = [t for t in trials if "ms" in t]
+  fastest = min(timed, key=lambda t: t["ms"])
+  assert result["best_ms"] == fastest["ms"]
+  assert result["best_blocks"] == fastest["blocks"]
+  assert result["default_ms"] == trials[0]["ms"]
+
+
+def test_tune_run_writes_json_and_stops_at_the_deadline(tmp_path):
+  out = tmp_path / "tune.json"
+  bench.main(["--out", str(out), "--quick", "--ops", "decode_attention",
+              "--tune", "--max_seconds", "0", "--repeats", "1"])
+  [result] = json.loads(out.read_text())["tuning"]
+  assert len(result["trials"]) == 1  # past the deadline: the defaults only
+  assert result["best_blocks"] == result["trials"][0]["blocks"]

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The prepared GPU check for the Pallas kernels, sized for one lent H200
+# session (15 minutes of device time, the machine's start included):
+#
+#   device run: bash experiments/gpu_session.sh        (timeout_s about 560)
+#
+# No install and no network: the image's jax, chex, hypothesis and pytest are
+# enough for the kernels, which are copied into an importable package tree.
+# Steps, each under its own time limit (seconds, overridable):
+#   1. TESTS_S:  the kernel tests with the compiled Triton kernels against the
+#                XLA references, IEEE fp32 on both sides (the kernels follow
+#                jax_default_matmul_precision; Triton's default is TF32);
+#   2. BENCH_S:  python -m agentic_rl.kernels.bench (every impl side by side);
+#   3. TUNE_S:   python -m agentic_rl.kernels.bench --tune (tile search).
+# Writes env.txt, tests.log, bench_h200.json and tune_h200.json under $OUT
+# (default runs/gpu). The JSON files are rewritten after every case, so a step
+# cut short still returns what it measured.
+set -uo pipefail
+OUT=${OUT:-runs/gpu}
+TESTS_S=${TESTS_S:-150}
+BENCH_S=${BENCH_S:-240}
+TUNE_S=${TUNE_S:-120}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+
+pkg=$(mktemp -d)
+cp -r agentic_rl "$pkg/" && cp -r kernels "$pkg/agentic_rl/kernels"
+export PYTHONPATH="$pkg:$PWD"
+
+{ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm \
+    --format=csv,noheader
+  python3 -c "import jax, jaxlib; print('jax', jax.__version__, \
+jaxlib.__version__, jax.devices())"; } 2>&1 | tee "$OUT/env.txt"
+
+echo "== 1. kernel tests (compiled Triton, fp32 at highest precision)"
+JAX_DEFAULT_MATMUL_PRECISION=highest timeout "$TESTS_S" python3 -m pytest \
+  -q -p no:cacheprovider -n 4 tests/test_kernels_attention.py \
+  tests/test_kernels_decode.py tests/test_kernels_logprobs.py \
+  tests/test_kernels_properties.py tests/test_kernels_bench.py \
+  2>&1 | tee "$OUT/tests.log" | tail -25
+
+echo "== 2. benchmark"
+timeout "$BENCH_S" python3 -m agentic_rl.kernels.bench \
+  --out "$OUT/bench_h200.json" 2>&1 | tail -40
+
+echo "== 3. tile search"
+timeout "$TUNE_S" python3 -m agentic_rl.kernels.bench --tune \
+  --max_seconds $((TUNE_S - 30)) --out "$OUT/tune_h200.json" 2>&1 | tail -12
