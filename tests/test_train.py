@@ -24,6 +24,7 @@ REQUIRED = (
     "signal/effective_token_frac", "signal/grad_norm", "shift/staleness_mean",
     "shift/staleness_max", "shift/is_ratio_mean", "shift/is_ratio_max", "shift/clip_frac",
     "shift/logprob_mismatch_max", "shift/kl_behaviour_learner", "perf/rollout_tokens_per_s",
+    "reward/greedy_baseline",
     "perf/learner_tokens_per_s", "perf/step_s")
 
 
@@ -34,6 +35,9 @@ def _cfg():
   # Two difficulty levels, level 0 alone for the first two RL iterations.
   cfg.tasks.difficulty = (0, 1)
   cfg.rl.signal.curriculum = ((0, 0, 0), (2, 0, 1))
+  # ReMax: each prompt's greedy rollout is its baseline (a path of its own).
+  cfg.rl.advantage = "remax"
+  cfg.rl.advantage_kwargs = {}  # the default's ddof belongs to grpo
   # ... and the exploration controllers, whose state the resume must restore:
   # an entropy band above any reachable entropy, so the coefficient rises
   # every iteration, and a linear temperature decay.
@@ -116,7 +120,8 @@ def test_resume_gives_the_same_metrics(straight, tmp_path):
     (lambda c: setattr(c.tasks, "families", ("calc_chain", "chess")), "chess"),
     (lambda c: setattr(c, "stages", ("sft", "rl2")), "rl2"),
     (lambda c: setattr(c.mesh, "data", 3), "device"),
-    (lambda c: setattr(c.rl, "advantage", "remax"), "remax"),
+    (lambda c: setattr(c.rl, "advantage", "rebn"), "rebn"),
+    (lambda c: setattr(c.rl, "advantage", "remax"), r"ddof.*advantage_kwargs=\{\}"),
     (lambda c: (setattr(c.rl, "advantage", "reinforce_pp"),
                 c.rl.signal.update(allocation="knapsack", knapsack_n_min=1)), "ragged"),
     (lambda c: c.rl.signal.update(curriculum=((0, 2, 3),)), "curriculum"),
@@ -155,6 +160,20 @@ def test_group_advantages_equal_and_ragged_groups():
   ragged = loop.group_advantages(grpo, rewards, np.array([0, 0, 0, 1, 1, 1, 1, 1]), 2)
   np.testing.assert_allclose(ragged[:3], np.asarray(grpo(rewards[None, :3]))[0])
   np.testing.assert_allclose(ragged[3:], np.asarray(grpo(rewards[None, 3:]))[0])
+
+
+def test_group_advantages_pass_per_group_baselines():
+  # ReMax: each row's reward minus its own prompt's greedy reward.
+  remax = objectives.make_advantage_fn(objectives.ObjectiveConfig(advantage="remax"))
+  rewards = np.array([1.0, 0.0, 1.0, 1.0, 0.0, 0.5], np.float32)
+  greedy = np.array([0.5, 1.0], np.float32)
+  want = rewards - np.array([0.5, 0.5, 0.5, 1.0, 1.0, 1.0])
+  equal = loop.group_advantages(remax, rewards, np.repeat([0, 1], 3), 2,
+                                greedy_rewards_P=greedy)
+  np.testing.assert_allclose(equal, want)
+  ragged = loop.group_advantages(remax, rewards[1:], np.array([0, 0, 1, 1, 1]), 2,
+                                 greedy_rewards_P=greedy)
+  np.testing.assert_allclose(ragged, want[1:])
 
 
 def test_task_pool_levels_cycle_and_match_single_level_generation():

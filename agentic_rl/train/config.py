@@ -117,12 +117,20 @@ def validate(cfg) -> None:
     else:
       if stage.get("optimizer", "adamw") not in OPTIMIZERS:
         _err(f"config.{name}.optimizer is {stage.optimizer!r}; expected one of {OPTIMIZERS}")
-      if stage.advantage in ("remax", "rebn"):
-        _err(f"config.{name}.advantage={stage.advantage!r} needs inputs the trainer does not "
-             "collect yet (greedy-rollout rewards / per-turn rewards); use grpo, dr_grpo, "
-             "rloo, kimi, reinforce_pp or pass_at_k")
-      objectives.validate_objective_config(objective_config(stage),
-                                           group_size=stage.group_size)
+      if stage.advantage == "rebn":
+        _err(f"config.{name}.advantage='rebn' needs per-turn rewards, which the trainer does "
+             "not collect yet; use grpo, dr_grpo, rloo, kimi, remax, reinforce_pp or "
+             "pass_at_k")
+      try:
+        objectives.validate_objective_config(objective_config(stage),
+                                             group_size=stage.group_size)
+      except ValueError as e:
+        if "hyper-parameter" not in str(e):
+          raise
+        # The default's kwargs belong to its estimator and loss; switching
+        # either on the command line needs its kwargs switched too.
+        _err(f"config.{name}: {e}. Set config.{name}.advantage_kwargs / loss_kwargs to "
+             f"match (--config.{name}.advantage_kwargs={{}} clears them)")
       signal_config(stage).validate_group_size(stage.group_size)
       if (signal_config(stage).allocation == "knapsack" and
           stage.advantage in GLOBAL_ESTIMATORS):

@@ -184,20 +184,24 @@ def _equal_group_size(group_B: np.ndarray, num_groups: int) -> int | None:
 
 
 def group_advantages(adv_fn, rewards_B: np.ndarray, group_B: np.ndarray,
-                     num_groups: int) -> np.ndarray:
+                     num_groups: int, **per_group: np.ndarray) -> np.ndarray:
   """Per-rollout advantages from a group estimator, for equal or ragged groups.
 
   Rows are grouped by ``group_B`` (non-decreasing). Equal groups go through the
   estimator as one ``[P, G]`` array; ragged groups (Knapsack budgets) one group
   at a time, as ``[1, n_i]``, which is exact for every estimator that
-  normalises within a group.
+  normalises within a group. ``per_group`` arrays (leading axis ``[P]``, such
+  as ReMax's ``greedy_rewards_P``) are passed along, sliced to match.
   """
   if _equal_group_size(group_B, num_groups):
-    return np.asarray(adv_fn(jnp.asarray(rewards_B.reshape(num_groups, -1)))).reshape(-1)
+    return np.asarray(adv_fn(jnp.asarray(rewards_B.reshape(num_groups, -1)),
+                             **per_group)).reshape(-1)
   sizes = np.bincount(group_B, minlength=num_groups)
   bounds = np.concatenate([[0], np.cumsum(sizes)])
-  return np.concatenate([np.asarray(adv_fn(jnp.asarray(rewards_B[a:b][None])))[0]
-                         for a, b in zip(bounds[:-1], bounds[1:])])
+  return np.concatenate([
+      np.asarray(adv_fn(jnp.asarray(rewards_B[a:b][None]),
+                        **{k: v[i:i + 1] for k, v in per_group.items()}))[0]
+      for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))])
 
 
 @dataclasses.dataclass
@@ -223,6 +227,8 @@ class RLStage:
   state_sharding: Any
   score_fn: Any
   rows: int
+  # ReMax: the greedy decode of each prompt gives its baseline; else None.
+  greedy_sampling: SamplingConfig | None = None
 
 
 def make_rl_stage(run: Run, stage, optimizer, params) -> RLStage:
@@ -243,9 +249,25 @@ def make_rl_stage(run: Run, stage, optimizer, params) -> RLStage:
   score_fn = jax.jit(lambda params, tokens, tau: sequence_logprobs(
       params, tokens, run.model_config, temperature=tau if scheduled else stage.temperature,
       impl=cfg.model.logprob_impl)[0])
+  greedy = (config_lib.sampling_config(cfg, greedy=True)
+            if objective.advantage == "remax" else None)
   return RLStage(sampling, objective, config_lib.signal_config(stage),
                  config_lib.shift_config(stage), explore_cfg, step_fn, state_sharding,
-                 score_fn, P * G)
+                 score_fn, P * G, greedy)
+
+
+def greedy_rewards(run: Run, rl: RLStage, actor_params, actor_version: int,
+                   prompt_ids_P: np.ndarray, key) -> np.ndarray:
+  """ReMax's baselines: the reward of each prompt's greedy decode ``[P]``.
+
+  Decoded by the actor that sampled the groups, on the same instances, and
+  shaped like the sampled rewards (``signal.shape_truncated``).
+  """
+  greedy = run.rollout(actor_params, rl.greedy_sampling, "train", np.asarray(prompt_ids_P),
+                       jax.random.fold_in(key, 1), actor_version, rl.rows)
+  rewards, _ = signal.shape_truncated(rl.signal_cfg, greedy.reward_B, greedy.truncated_B,
+                                      greedy.length_B)
+  return np.asarray(rewards, np.float32)
 
 
 def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_params,
@@ -285,8 +307,12 @@ def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_
   rewards, seq_weight = signal.shape_truncated(
       rl.signal_cfg, batch.reward_B, batch.truncated_B, batch.length_B)
   rewards, seq_weight = np.asarray(rewards), np.asarray(seq_weight)
+  per_group = {}
+  if rl.greedy_sampling is not None:
+    per_group["greedy_rewards_P"] = greedy_rewards(run, rl, actor_params, actor_version,
+                                                   sampled.prompt_ids, key)
   advantages_B = group_advantages(objectives.make_advantage_fn(rl.objective), rewards,
-                                  sampled.group, sampled.num_groups)
+                                  sampled.group, sampled.num_groups, **per_group)
   groups = dict(group_B=jnp.asarray(sampled.group), num_groups=sampled.num_groups)
 
   t1 = time.perf_counter()
@@ -310,6 +336,8 @@ def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_
 
   success = np.asarray(batch.reward_components["outcome"]) > 0.5
   metrics = {"reward/mean": float(rewards.mean())}
+  if per_group:
+    metrics["reward/greedy_baseline"] = float(per_group["greedy_rewards_P"].mean())
   metrics.update({f"reward/{k}": float(np.mean(v)) for k, v in batch.reward_components.items()})
   G_equal = _equal_group_size(sampled.group, sampled.num_groups)
   if G_equal:  # the [P, G] layout, which also gets edit distances
