@@ -1,0 +1,32 @@
+"""Test-session setup: one persistent JAX compilation cache per pytest run.
+
+Several tests compile the same programs more than once: the resume test
+retrains the end-to-end config, and the notebook test starts a training
+process per ablation arm. A cache directory shared by the xdist workers and
+their subprocesses (through ``JAX_COMPILATION_CACHE_DIR``) lets a later
+compilation load what an earlier one built. It lives in the run's pytest
+temporary directory, so every run starts empty and pytest removes old ones.
+"""
+
+import os
+
+import jax
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _compilation_cache(tmp_path_factory):
+  if "JAX_COMPILATION_CACHE_DIR" in os.environ:  # the caller chose one
+    yield
+    return
+  base = tmp_path_factory.getbasetemp()
+  if base.name.startswith("popen-gw"):  # an xdist worker: share the run's
+    base = base.parent
+  path = base / "jax_compilation_cache"
+  path.mkdir(exist_ok=True)
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = str(path)
+  previous = jax.config.jax_compilation_cache_dir
+  jax.config.update("jax_compilation_cache_dir", str(path))
+  yield
+  jax.config.update("jax_compilation_cache_dir", previous)
+  del os.environ["JAX_COMPILATION_CACHE_DIR"]
