@@ -34,7 +34,7 @@ def main(data, fsdp, tensor):
   B, T = 8, 12
   batch = {"tokens_BxT": jax.random.randint(k[0], (B, T), 0, cfg.vocab_size),
            "loss_mask_BxT": (jax.random.uniform(k[1], (B, T)) < 0.7).astype(jnp.float32),
-           "advantages_B": jax.random.normal(k[2], (B,)),
+           "advantages": jax.random.normal(k[2], (B,)),
            "old_logp_BxT": -jax.random.uniform(k[3], (B, T)),
            "behaviour_logp_BxT": -jax.random.uniform(k[3], (B, T)) - 0.01}
   losses = []

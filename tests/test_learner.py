@@ -22,7 +22,7 @@ def _batch(key, B=8, T=12):
   tokens = jax.random.randint(k1, (B, T), 0, CFG.vocab_size)
   mask = (jax.random.uniform(k2, (B, T)) < 0.6).astype(jnp.float32).at[:, 0].set(0.0)
   return {"tokens_BxT": tokens, "loss_mask_BxT": mask,
-          "advantages_B": jax.random.normal(k3, (B,)),
+          "advantages": jax.random.normal(k3, (B,)),
           "old_logp_BxT": -jax.random.uniform(k4, (B, T)),
           "behaviour_logp_BxT": -jax.random.uniform(k4, (B, T))}
 
@@ -90,7 +90,7 @@ def test_non_finite_loss_skips_the_update(use_jit):
   params = model_lib.init_params(CFG, jax.random.key(0))
   opt = optax.adam(1e-2)
   batch = _batch(jax.random.key(4))
-  batch["advantages_B"] = batch["advantages_B"].at[0].set(jnp.nan)
+  batch["advantages"] = batch["advantages"].at[0].set(jnp.nan)
   step = learner.make_train_step(learner.rl_loss(CFG, objectives.ObjectiveConfig(loss="reinforce")), opt)
   step = jax.jit(step) if use_jit else step
   state = learner.init_train_state(params, opt)
@@ -100,7 +100,7 @@ def test_non_finite_loss_skips_the_update(use_jit):
   chex.assert_trees_all_equal(new.params, params)
   chex.assert_trees_all_equal(new.opt_state, state.opt_state)
   # A finite batch afterwards trains normally.
-  batch["advantages_B"] = jnp.ones_like(batch["advantages_B"])
+  batch["advantages"] = jnp.ones_like(batch["advantages"])
   new, metrics = step(new, batch)
   assert float(metrics["train/skipped"]) == 0.0 and int(new.step) == 1
 

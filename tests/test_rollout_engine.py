@@ -94,6 +94,10 @@ def test_scripted_policy_reaches_the_reference_rewards(setup, scripted_out):
       hashes = t.outputs.info["call_hash"][i, live]
       np.testing.assert_array_equal(out.call_hashes_BxC[b, :len(live)], hashes)
       assert np.all(np.asarray(out.call_hashes_BxC[b, len(live):]) == -1)
+      # Each environment step's reward, in order (the turn rewards of REBN).
+      np.testing.assert_allclose(out.turn_rewards_BxC[b, :len(live)],
+                                 t.outputs.reward[i, live], rtol=1e-6)
+      assert np.all(np.asarray(out.turn_rewards_BxC[b, len(live):]) == 0)
 
 
 def test_loss_mask_and_turns_agree_with_the_codec(setup, scripted_out):

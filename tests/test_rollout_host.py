@@ -86,6 +86,8 @@ def test_scripted_actor_and_cache_across_turns(codec, model, loop, monkeypatch):
       ["<answer>1</answer>", "<answer>0</answer>"],
       ["<answer>2</answer>", "<answer>1</answer>", "<answer>0</answer>"]]
   np.testing.assert_allclose(out.reward_B, [1.1, 1.2], rtol=1e-6)
+  np.testing.assert_allclose(out.turn_rewards_BxC[:, :4],
+                             [[0.1, 1.0, 0, 0], [0.1, 0.1, 1.0, 0]], rtol=1e-6)
   np.testing.assert_array_equal(out.done_B, [True, True])
   np.testing.assert_array_equal(out.num_turns_B, [2, 3])
   row = 1

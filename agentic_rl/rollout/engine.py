@@ -335,10 +335,12 @@ class RolloutEngine:
 
     stopped = lambda x: jnp.where(stop_B, x, 0)
     num_actions = state.num_actions_B + stop_B
-    call_hashes = state.call_hashes_BxC.at[
-        jnp.arange(self.batch_size), state.num_actions_B].set(
-            jnp.where(stop_B, out.info["call_hash"].astype(jnp.int32),
-                      -1), mode="drop")
+    at_step = (jnp.arange(self.batch_size), state.num_actions_B)
+    call_hashes = state.call_hashes_BxC.at[at_step].set(
+        jnp.where(stop_B, out.info["call_hash"].astype(jnp.int32), -1),
+        mode="drop")
+    turn_rewards = state.turn_rewards_BxC.at[at_step].add(
+        stopped(out.reward.astype(jnp.float32)), mode="drop")
     final = jnp.isin(token_B, jnp.asarray(ids.final_ids))
     ends_done = stop_B & (out.done | (final & ~out.truncated))
     ends_trunc = stop_B & ~ends_done & (
@@ -357,6 +359,7 @@ class RolloutEngine:
             for k, v in state.reward_components.items()},
         num_actions_B=num_actions,
         call_hashes_BxC=call_hashes,
+        turn_rewards_BxC=turn_rewards,
         num_tool_calls_B=state.num_tool_calls_B
         + (stop_B & (token_B == ids.tool_call_close)),
         num_tool_errors_B=state.num_tool_errors_B
@@ -405,6 +408,7 @@ def new_state(prompts_BxL, prompt_len_B, key, *, max_len: int, max_turns: int,
       num_tool_calls_B=zeros_i,
       num_tool_errors_B=zeros_i,
       call_hashes_BxC=jnp.full((B, max_turns), -1, jnp.int32),
+      turn_rewards_BxC=jnp.zeros((B, max_turns), jnp.float32),
       key_B=jax.random.key_data(jax.random.split(key, B)),
       env_state=env_state)
 

@@ -153,6 +153,8 @@ class HostLoop:
     action_ids = s.tokens_BxT[b, cur + 1 - seg:cur + 1]
     obs, reward, done = env.step(self.codec.tokenizer.decode(action_ids))
     s.reward_B[b] += reward
+    if s.num_actions_B[b] < s.turn_rewards_BxC.shape[1]:
+      s.turn_rewards_BxC[b, s.num_actions_B[b]] += reward
     s.num_actions_B[b] += 1
     s.num_tool_calls_B[b] += int(action_ids[-1] == self.ids.tool_call_close)
     s.seg_len_B[b] = 0

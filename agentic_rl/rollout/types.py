@@ -42,6 +42,9 @@ class Rollout:
     num_tool_errors_B: int32 environment steps that reported a tool error.
     call_hashes_BxC: int32 canonical call hash of each environment step in
       order (-1 for non-calls and padding).
+    turn_rewards_BxC: float32 reward of each environment step in order (0 on
+      padding); a row sums to ``reward_B``. Step k answers action segment
+      ``k + 1`` (``turn_BxT``), so these are per-turn rewards (REBN).
     finished_B: bool, ``done | truncated``; False for an episode carried over
       to the next iteration (partial rollouts).
   """
@@ -62,6 +65,7 @@ class Rollout:
   num_tool_calls_B: jax.Array
   num_tool_errors_B: jax.Array
   call_hashes_BxC: jax.Array
+  turn_rewards_BxC: jax.Array
   finished_B: jax.Array
 
 
@@ -113,6 +117,7 @@ class RolloutState:
   num_tool_calls_B: jax.Array
   num_tool_errors_B: jax.Array
   call_hashes_BxC: jax.Array
+  turn_rewards_BxC: jax.Array
   key_B: jax.Array
   env_state: PyTree
 
@@ -139,6 +144,7 @@ class RolloutState:
         num_tool_calls_B=self.num_tool_calls_B,
         num_tool_errors_B=self.num_tool_errors_B,
         call_hashes_BxC=self.call_hashes_BxC,
+        turn_rewards_BxC=self.turn_rewards_BxC,
         finished_B=self.ended_B)
 
 

@@ -117,10 +117,6 @@ def validate(cfg) -> None:
     else:
       if stage.get("optimizer", "adamw") not in OPTIMIZERS:
         _err(f"config.{name}.optimizer is {stage.optimizer!r}; expected one of {OPTIMIZERS}")
-      if stage.advantage == "rebn":
-        _err(f"config.{name}.advantage='rebn' needs per-turn rewards, which the trainer does "
-             "not collect yet; use grpo, dr_grpo, rloo, kimi, remax, reinforce_pp or "
-             "pass_at_k")
       try:
         objectives.validate_objective_config(objective_config(stage),
                                              group_size=stage.group_size)

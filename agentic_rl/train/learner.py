@@ -70,8 +70,8 @@ def rl_loss(model_config, objective: objectives.ObjectiveConfig, *,
             adaptive_entropy: bool = False, scheduled_temperature: bool = False) -> LossFn:
   """The configured policy loss on a rollout batch.
 
-  ``batch`` holds ``tokens_BxT``, ``loss_mask_BxT``, ``advantages_B``,
-  ``old_logp_BxT`` (the learner's scores at the iteration's start) and
+  ``batch`` holds ``tokens_BxT``, ``loss_mask_BxT``, ``advantages`` (``[B]``
+  per sequence, or ``[B, T]`` per token as REBN's), ``old_logp_BxT`` (the learner's scores at the iteration's start) and
   ``behaviour_logp_BxT`` (the sampler's), plus ``ref_logp_BxT`` when a KL
   penalty is on. The exploration controllers' values arrive as data, so they
   change without recompiling: with ``adaptive_entropy`` the entropy-bonus
@@ -95,7 +95,7 @@ def rl_loss(model_config, objective: objectives.ObjectiveConfig, *,
       extra["entropy_coef"] = batch["entropy_coef_B"][0]
     if objective.entropy_coef or adaptive_entropy:
       extra["entropy_BxT"] = entropy_BxT
-    return loss(logp_BxT, batch["old_logp_BxT"], batch["advantages_B"],
+    return loss(logp_BxT, batch["old_logp_BxT"], batch["advantages"],
                 batch["loss_mask_BxT"], num_tokens=norm["num_tokens"],
                 num_seqs=norm["num_seqs"], **extra)
 

@@ -204,6 +204,26 @@ def group_advantages(adv_fn, rewards_B: np.ndarray, group_B: np.ndarray,
       for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))])
 
 
+def turn_advantages(adv_fn, batch: Rollout, rewards_B: np.ndarray) -> np.ndarray:
+  """Turn-level advantages (REBN) on the tokens of each turn, ``[B, T]``.
+
+  A turn's reward is its environment step's (``batch.turn_rewards_BxC``);
+  whatever the episode-level shaping (``signal.shape_truncated``) added to
+  ``reward_B`` goes to the episode's last turn, so the turns still sum to
+  ``rewards_B``. Turns ``0 .. num_turns - 1`` are valid; tokens of action
+  segment k (``turn_BxT == k``) get turn ``k - 1``'s advantage.
+  """
+  turn_rewards = np.array(batch.turn_rewards_BxC, np.float32)
+  B, C = turn_rewards.shape
+  num_turns = np.asarray(batch.num_turns_B)
+  last = np.clip(num_turns - 1, 0, C - 1)
+  turn_rewards[np.arange(B), last] += rewards_B - np.asarray(batch.reward_B)
+  turn_mask = np.arange(C)[None, :] < num_turns[:, None]
+  adv_BxC = adv_fn(jnp.asarray(turn_rewards), jnp.asarray(turn_mask))
+  return np.asarray(objectives.broadcast_turn_advantages(
+      adv_BxC, jnp.asarray(batch.turn_BxT) - 1))
+
+
 @dataclasses.dataclass
 class Controls:
   """Host-side state of the invariant controllers, checkpointed with the run:
@@ -307,12 +327,16 @@ def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_
   rewards, seq_weight = signal.shape_truncated(
       rl.signal_cfg, batch.reward_B, batch.truncated_B, batch.length_B)
   rewards, seq_weight = np.asarray(rewards), np.asarray(seq_weight)
+  adv_fn = objectives.make_advantage_fn(rl.objective)
   per_group = {}
   if rl.greedy_sampling is not None:
     per_group["greedy_rewards_P"] = greedy_rewards(run, rl, actor_params, actor_version,
                                                    sampled.prompt_ids, key)
-  advantages_B = group_advantages(objectives.make_advantage_fn(rl.objective), rewards,
-                                  sampled.group, sampled.num_groups, **per_group)
+  if rl.objective.advantage == "rebn":
+    advantages = turn_advantages(adv_fn, batch, rewards)
+  else:
+    advantages = group_advantages(adv_fn, rewards, sampled.group, sampled.num_groups,
+                                  **per_group)
   groups = dict(group_B=jnp.asarray(sampled.group), num_groups=sampled.num_groups)
 
   t1 = time.perf_counter()
@@ -323,7 +347,7 @@ def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_
       rl.shift_cfg, batch.loss_mask_BxT, batch.version_BxT, version)
   weights = weights * seq_weight[:, None]
   learn_batch = {"tokens_BxT": tokens, "loss_mask_BxT": weights,
-                 "advantages_B": jnp.asarray(advantages_B, jnp.float32),
+                 "advantages": jnp.asarray(advantages, jnp.float32),
                  "old_logp_BxT": old_logp,
                  "behaviour_logp_BxT": jnp.asarray(batch.behaviour_logp_BxT),
                  "entropy_coef_B": jnp.full(tokens.shape[:1], controls.entropy_coef, jnp.float32),
@@ -347,7 +371,7 @@ def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_
     hashes, layout = batch.call_hashes_BxC, groups
   metrics.update(exploration.exploration_metrics(
       batch.entropy_BxT, batch.loss_mask_BxT, hashes, success, **layout))
-  metrics.update(signal.signal_metrics(success, advantages_B,
+  metrics.update(signal.signal_metrics(success, advantages,
                                        batch.loss_mask_BxT, loss_weight_BxT=weights, **groups))
   metrics.update(sampled.metrics)
   metrics["signal/prompt_difficulty"] = float(np.mean(run.tasks.difficulty_of(sampled.prompt_ids)))
