@@ -102,6 +102,26 @@ def _available(op: str) -> tuple[str, ...]:
   return impls
 
 
+def _fwd_and_bwd_cases(op, shape, dtype, args, blocks, fwd, loss, argnums, *,
+                       flops, bwd_flops) -> list[Case]:
+  """The ``fwd`` and ``fwd+bwd`` cases of an op.
+
+  ``fwd(impl, blocks)`` builds the call; the backward case is the gradient of
+  ``loss(outputs)`` with respect to ``args[argnums]``.
+  """
+  def grad(impl, blocks=None):
+    f = fwd(impl, blocks)
+    return jax.grad(lambda *a: loss(f(*a)), argnums=argnums)
+
+  impls = _available(op)
+
+  def case(mode, make, n):
+    return Case(op, mode, shape, jnp.dtype(dtype).name,
+                {i: make(i) for i in impls}, args, flops=n,
+                pallas_with=functools.partial(make, "pallas"), blocks=blocks)
+  return [case("fwd", fwd, flops), case("fwd+bwd", grad, bwd_flops)]
+
+
 def _attention_cases(B, T, H, K, D, dtype, window=None):
   keys = jax.random.split(jax.random.key(0), 3)
   q = jax.random.normal(keys[0], (B, T, H, D), dtype)
@@ -117,20 +137,10 @@ def _attention_cases(B, T, H, K, D, dtype, window=None):
                              sliding_window=window, impl=impl,
                              block_sizes=blocks)
 
-  def grad(impl, blocks=None):
-    f = attend(impl, blocks)
-    return jax.grad(lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32)),
-                    argnums=(0, 1, 2))
-
-  impls = _available("flash_attention")
-  name = jnp.dtype(dtype).name
-  tune = dict(blocks=kernels.AttentionBlockSizes)
-  return [Case("flash_attention", "fwd", shape, name,
-               {i: attend(i) for i in impls}, (q, k, v), flops=fwd_flops,
-               pallas_with=functools.partial(attend, "pallas"), **tune),
-          Case("flash_attention", "fwd+bwd", shape, name,
-               {i: grad(i) for i in impls}, (q, k, v), flops=3.5 * fwd_flops,
-               pallas_with=functools.partial(grad, "pallas"), **tune)]
+  return _fwd_and_bwd_cases(
+      "flash_attention", shape, dtype, (q, k, v), kernels.AttentionBlockSizes,
+      attend, lambda out: jnp.sum(out.astype(jnp.float32)), (0, 1, 2),
+      flops=fwd_flops, bwd_flops=3.5 * fwd_flops)
 
 
 def _logprob_cases(N, D, V, dtype):
@@ -144,24 +154,12 @@ def _logprob_cases(N, D, V, dtype):
     return functools.partial(kernels.token_logprobs, impl=impl,
                              block_sizes=blocks)
 
-  def grad(impl, blocks=None):
-    f = fwd(impl, blocks)
-
-    def loss(h, w, targets):
-      logp, ent = f(h, w, targets)
-      return jnp.sum(logp) + 0.01 * jnp.sum(ent)
-    return jax.grad(loss, argnums=(0, 1))
-
-  impls = _available("token_logprobs")
   matmul = 2.0 * N * D * V
-  shape, name = f"N{N} D{D} V{V}", jnp.dtype(dtype).name
-  tune = dict(blocks=kernels.LogprobBlockSizes)
-  return [Case("token_logprobs", "fwd", shape, name,
-               {i: fwd(i) for i in impls}, (h, w, targets), flops=matmul,
-               pallas_with=functools.partial(fwd, "pallas"), **tune),
-          Case("token_logprobs", "fwd+bwd", shape, name,
-               {i: grad(i) for i in impls}, (h, w, targets), flops=3 * matmul,
-               pallas_with=functools.partial(grad, "pallas"), **tune)]
+  return _fwd_and_bwd_cases(
+      "token_logprobs", f"N{N} D{D} V{V}", dtype, (h, w, targets),
+      kernels.LogprobBlockSizes, fwd,
+      lambda out: jnp.sum(out[0]) + 0.01 * jnp.sum(out[1]), (0, 1),
+      flops=matmul, bwd_flops=3 * matmul)
 
 
 def _decode_cases(B, S, H, K, D, dtype):
@@ -274,7 +272,7 @@ def tune(case: Case, repeats: int, warmup: int, *, deadline: float,
          start=None, grid: dict | None = None) -> dict:
   """Coordinate search over ``case``'s Pallas tile sizes (see module doc).
 
-  ``start``: the tile sizes to begin from (default: ``case.blocks()``);
+  ``start``: tile sizes to begin from when they beat the defaults;
   ``grid``: field -> candidates (default: ``TUNE_GRIDS``). Stops trying new
   tiles once ``time.perf_counter()`` passes ``deadline``. Returns the best
   tiles, their ``ms`` and the defaults' ``default_ms``, and every trial (a
@@ -297,9 +295,10 @@ def tune(case: Case, repeats: int, warmup: int, *, deadline: float,
       scores[key] = trial.get("ms", float("inf"))
     return scores[key]
 
-  best = start if start is not None else case.blocks()
-  default_ms = score(case.blocks())
-  best_ms = score(best)
+  best = case.blocks()
+  best_ms = default_ms = score(best)
+  if start is not None and score(start) < best_ms:
+    best, best_ms = start, score(start)
   for field, values in grid.items():
     for value in values:
       if time.perf_counter() > deadline:

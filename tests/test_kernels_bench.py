@@ -67,3 +67,12 @@ def test_tune_run_writes_json_and_stops_at_the_deadline(tmp_path):
   [result] = json.loads(out.read_text())["tuning"]
   assert len(result["trials"]) == 1  # past the deadline: the defaults only
   assert result["best_blocks"] == result["trials"][0]["blocks"]
+
+
+def test_tune_starts_from_the_faster_of_defaults_and_start():
+  case = _quick_decode_case()
+  bad_start = case.blocks(block_k=24)  # fails: scores infinity
+  result = bench.tune(case, repeats=1, warmup=0, deadline=0.0, start=bad_start)
+  assert len(result["trials"]) == 2 and "error" in result["trials"][1]
+  assert result["best_blocks"] == result["trials"][0]["blocks"]
+  assert result["best_ms"] == result["default_ms"]

@@ -320,6 +320,10 @@ def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_
   prompt_ids = draw_prompts(P, draw_key)
   sampled = signal.allocate_rollouts(rl.signal_cfg, sample_fn, prompt_ids, G, key,
                                      draw_prompts=draw_prompts, history=history)
+  per_group = {}
+  if rl.greedy_sampling is not None:
+    per_group["greedy_rewards_P"] = greedy_rewards(run, rl, actor_params, actor_version,
+                                                   sampled.prompt_ids, key)
   rollout_s = time.perf_counter() - t0
   batch = _gather_rows(parts, sampled.call, sampled.row)
   history = signal.update_history(history, sampled.prompt_ids[sampled.group],
@@ -328,10 +332,6 @@ def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_
       rl.signal_cfg, batch.reward_B, batch.truncated_B, batch.length_B)
   rewards, seq_weight = np.asarray(rewards), np.asarray(seq_weight)
   adv_fn = objectives.make_advantage_fn(rl.objective)
-  per_group = {}
-  if rl.greedy_sampling is not None:
-    per_group["greedy_rewards_P"] = greedy_rewards(run, rl, actor_params, actor_version,
-                                                   sampled.prompt_ids, key)
   if rl.objective.advantage == "rebn":
     advantages = turn_advantages(adv_fn, batch, rewards)
   else:

@@ -21,8 +21,7 @@ from agentic_rl.invariants.shift.weights import (partial_rollout_weights, shift_
                                                  staleness_weights)
 
 __all__ = [
-    "LaunchQueue", "ShiftConfig", "check_versions", "collect",
-    "fifo_window", "finish", "init_queue", "launch", "mismatch_metrics", "partial_rollout_weights",
-    "shift_metrics",
+    "LaunchQueue", "ShiftConfig", "check_versions", "collect", "fifo_window", "finish",
+    "init_queue", "launch", "mismatch_metrics", "partial_rollout_weights", "shift_metrics",
     "shift_weights", "staleness", "staleness_histogram", "staleness_weights",
 ]
