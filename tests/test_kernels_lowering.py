@@ -1,11 +1,12 @@
 """The Pallas kernels lower to Triton for CUDA, and backend dispatch.
 
-No GPU is needed with jaxlib 0.10: ``jax.export`` lowers for the ``cuda``
-platform on CPU, which runs the Pallas -> Triton IR lowering (tile shapes,
-supported primitives, scalar operands) but not Triton's compiler. Newer
-jaxlibs compile the Triton IR to PTX while lowering (custom call
-``triton_kernel_call_ffi``): with a CUDA jaxlib that is checked too, without
-one these tests skip.
+No GPU is needed: ``jax.export`` lowers for the ``cuda`` platform on CPU,
+which runs the Pallas -> Triton IR lowering (tile shapes, supported
+primitives, scalar operands) but not Triton's compiler. jax 0.11 asks for
+the target GPU's kind while lowering; an abstract mesh on an abstract H200
+supplies it. Jaxlibs that compile the Triton IR to PTX while lowering
+(custom call ``triton_kernel_call_ffi``) check that too with CUDA, and
+without it these tests skip.
 """
 
 import contextlib
@@ -32,9 +33,13 @@ def compiled_pallas(monkeypatch):
 def _triton_calls(fn, *args):
   checks = [jax.export.DisabledSafetyCheck.custom_call(c)
             for c in _TRITON_CALLS]
+  h200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=None,
+                                     platform="gpu")
+  target = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=h200)
   try:
-    exported = jax.export.export(jax.jit(fn), platforms=["cuda"],
-                                 disabled_checks=checks)(*args)
+    with jax.sharding.use_abstract_mesh(target):
+      exported = jax.export.export(jax.jit(fn), platforms=["cuda"],
+                                   disabled_checks=checks)(*args)
   except RuntimeError as e:
     if "Triton compilation handler" not in str(e):
       raise
