@@ -153,7 +153,9 @@ def test_eager_forward_matches_jit():
   params = _params(config)
   tokens = _tokens((B, T))
   eager = model.forward(params, tokens, config, return_hidden=True)
-  chex.assert_trees_all_close(eager, fwd(params, tokens, config), atol=1e-6)
+  # fp32 rounding only: XLA fuses (and so orders) jitted ops differently
+  # (jax 0.12 differs by 1.7e-6 on one logit of 2688).
+  chex.assert_trees_all_close(eager, fwd(params, tokens, config), atol=1e-5, rtol=1e-5)
 
 
 def test_pallas_decode_reads_the_head_major_cache():
