@@ -7,8 +7,9 @@
 # No install and no network: the image's jax, chex, hypothesis and pytest are
 # enough for the kernels, which are copied into an importable package tree.
 # Steps, each under its own time limit (seconds, overridable):
-#   1. TESTS_S:  the kernel tests with the compiled Triton kernels against the
-#                XLA references, IEEE fp32 on both sides (the kernels follow
+#   1. TESTS_S:  the kernel tests (and the model's pallas decode) with the
+#                compiled Triton kernels against the XLA references, IEEE
+#                fp32 on both sides (the kernels follow
 #                jax_default_matmul_precision; Triton's default is TF32);
 #   2. BENCH_S:  python -m agentic_rl.kernels.bench (every impl side by side);
 #   3. TUNE_S:   python -m agentic_rl.kernels.bench --tune (tile search).
@@ -37,7 +38,7 @@ JAX_DEFAULT_MATMUL_PRECISION=highest timeout "$TESTS_S" python3 -m pytest \
   -q -p no:cacheprovider -n 4 tests/test_kernels_attention.py \
   tests/test_kernels_decode.py tests/test_kernels_logprobs.py \
   tests/test_kernels_properties.py tests/test_kernels_bench.py \
-  2>&1 | tee "$OUT/tests.log" | tail -25
+  tests/test_model.py::test_pallas_decode_reads_the_head_major_cache 2>&1 | tee "$OUT/tests.log" | tail -25
 
 echo "== 2. benchmark"
 timeout "$BENCH_S" python3 -m agentic_rl.kernels.bench \
