@@ -192,17 +192,26 @@ def test_turn_advantages_are_rebn_on_each_turns_tokens():
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_rebn_runs_end_to_end(tmp_path):
+def test_rebn_runs_end_to_end(tmp_path, monkeypatch):
   # Token-level advantages [B, T] through the sharded, micro-batched step.
   cfg = default.get_config("tiny")
   cfg.stages = ("rl",)
   cfg.rl.update(iterations=1, advantage="rebn", advantage_kwargs={})
   cfg.micro_batches = 2
   cfg.eval.every = 100
+  made, original = [], loop.turn_advantages
+
+  def spy(adv_fn, batch, rewards_B):
+    made.append(original(adv_fn, batch, rewards_B))
+    return made[-1]
+
+  monkeypatch.setattr(loop, "turn_advantages", spy)
   summary = loop.train(cfg, str(tmp_path))
   [record] = metrics_lib.read_metrics(os.path.join(str(tmp_path), "metrics.jsonl"))
   assert summary["steps"] == 1 and record["train/skipped"] == 0
   assert np.isfinite(record["loss"]) and np.isfinite(record["signal/adv_std"])
+  rows = cfg.rl.prompts_per_step * cfg.rl.group_size
+  assert [a.shape for a in made] == [(rows, cfg.sampling.max_total_tokens)]
 
 
 def test_task_pool_levels_cycle_and_match_single_level_generation():
