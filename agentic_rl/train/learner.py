@@ -71,7 +71,8 @@ def rl_loss(model_config, objective: objectives.ObjectiveConfig, *,
   """The configured policy loss on a rollout batch.
 
   ``batch`` holds ``tokens_BxT``, ``loss_mask_BxT``, ``advantages`` (``[B]``
-  per sequence, or ``[B, T]`` per token as REBN's), ``old_logp_BxT`` (the learner's scores at the iteration's start) and
+  per sequence, or ``[B, T]`` per token as REBN's), ``old_logp_BxT`` (the
+  learner's scores at the iteration's start) and
   ``behaviour_logp_BxT`` (the sampler's), plus ``ref_logp_BxT`` when a KL
   penalty is on. The exploration controllers' values arrive as data, so they
   change without recompiling: with ``adaptive_entropy`` the entropy-bonus
