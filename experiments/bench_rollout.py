@@ -25,10 +25,10 @@ stop token, for a batch of ``--batch`` random prompts:
 
 Compilation and a warm-up are excluded. The contenders are timed in
 ``--repeats`` interleaved rounds and each one's best round is reported, so a
-shared machine's changing speed affects all alike. Prints a table and writes JSON with ``engine_tokens_per_s``,
-``engine_full_cache_tokens_per_s``, ``no_cache_tokens_per_s``,
-``hf_generate_tokens_per_s``, the speedups, and the model size and batch
-measured.
+shared machine's changing speed affects all alike. Prints a table and writes
+JSON with ``engine_tokens_per_s``, ``engine_full_cache_tokens_per_s``,
+``no_cache_tokens_per_s``, ``hf_generate_tokens_per_s``, the speedups, and
+the model size and batch measured.
 """
 
 import functools

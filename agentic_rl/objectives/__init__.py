@@ -5,6 +5,7 @@ Pure array math over per-token ``[B, T]`` arrays and per-prompt rewards
 ``docs/objectives.md`` for the table of formulas, defaults and sources.
 """
 
+from agentic_rl.objectives._checks import UnknownHyperParameterError
 from agentic_rl.objectives.advantages import (
     ADVANTAGE_ESTIMATORS,
     broadcast_turn_advantages,
@@ -49,6 +50,7 @@ __all__ = [
     "POLICY_LOSSES",
     "ObjectiveConfig",
     "OptimizerConfig",
+    "UnknownHyperParameterError",
     "aggregate",
     "batch_normalisers",
     "begin_iteration",

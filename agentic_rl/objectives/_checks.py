@@ -6,6 +6,10 @@ import inspect
 from collections.abc import Callable, Mapping
 
 
+class UnknownHyperParameterError(ValueError):
+  """A hyper-parameter that the named estimator, loss or correction lacks."""
+
+
 def keyword_names(fn: Callable[..., object]) -> tuple[str, ...]:
   """The keyword-only parameters (hyper-parameters) of ``fn``."""
   params = inspect.signature(fn).parameters.values()
@@ -13,8 +17,9 @@ def keyword_names(fn: Callable[..., object]) -> tuple[str, ...]:
 
 
 def check_keywords(what: str, fn: Callable[..., object], kwargs: Mapping[str, object]) -> None:
-  """Raise ``ValueError`` if ``kwargs`` has a name ``fn`` does not accept."""
+  """Raise :class:`UnknownHyperParameterError` (a ``ValueError``) if ``kwargs``
+  has a name ``fn`` does not accept."""
   accepted = keyword_names(fn)
   if unknown := sorted(set(kwargs) - set(accepted)):
-    raise ValueError(f"{what} got unknown hyper-parameter(s) {unknown}; it accepts: "
+    raise UnknownHyperParameterError(f"{what} got unknown hyper-parameter(s) {unknown}; it accepts: "
                      f"{', '.join(accepted) or 'none'}")

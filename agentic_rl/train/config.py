@@ -120,9 +120,7 @@ def validate(cfg) -> None:
       try:
         objectives.validate_objective_config(objective_config(stage),
                                              group_size=stage.group_size)
-      except ValueError as e:
-        if "hyper-parameter" not in str(e):
-          raise
+      except objectives.UnknownHyperParameterError as e:
         # The default's kwargs belong to its estimator and loss; switching
         # either on the command line needs its kwargs switched too.
         _err(f"config.{name}: {e}. Set config.{name}.advantage_kwargs / loss_kwargs to "
