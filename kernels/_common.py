@@ -1,11 +1,11 @@
 """Shared plumbing for the kernels: backend choice, argument checks, padding.
 
-Pallas kernels here are written for the Triton backend (``impl="pallas"`` on
-GPU). On CPU the very same kernels run with ``interpret=True`` so that tests
-run everywhere. TPU has no Mosaic version of these kernels: asking for
-``impl="pallas"`` there raises a ``ValueError`` pointing at ``impl="xla"``.
-In-kernel dots take their precision from ``jax_default_matmul_precision``
-(:func:`dot_precision`).
+``impl="pallas"`` runs one of two kernel families (:func:`pallas_backend`):
+``"triton"`` kernels (written for GPU) or ``"mosaic_tpu"`` kernels (TPU
+layout and pipelining: ``*_tpu.py``). The platform picks the family (GPU:
+Triton, TPU: Mosaic); on CPU either family runs interpreted, Triton by
+default, so tests of both run everywhere. In-kernel dots take their
+precision from ``jax_default_matmul_precision`` (:func:`dot_precision`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 # Smallest tile edge: Triton's tensor-core dot needs M, N, K >= 16.
 MIN_BLOCK = 16
@@ -24,6 +25,12 @@ MIN_BLOCK = 16
 MASKED = -0.7 * float(np.finfo(np.float32).max)
 # A squeezed block dimension: the kernel's ref does not have it.
 SQUEEZED = pl.squeezed
+# A TPU vector register is 8 sublanes x 128 lanes (32-bit).
+TPU_LANES, TPU_SUBLANES = 128, 8
+
+BACKENDS = ("triton", "mosaic_tpu")
+_PLATFORM_BACKEND = {"gpu": "triton", "cuda": "triton", "rocm": "triton",
+                     "tpu": "mosaic_tpu"}
 
 
 def check_impl(op: str, impl: str, allowed: tuple[str, ...]) -> None:
@@ -31,17 +38,53 @@ def check_impl(op: str, impl: str, allowed: tuple[str, ...]) -> None:
     raise ValueError(f"{op}: unknown impl {impl!r}; expected one of {allowed}")
 
 
-def pallas_interpret(op: str) -> bool:
-  """Whether ``impl="pallas"`` runs interpreted (CPU) or compiled (GPU)."""
-  backend = jax.default_backend()
-  if backend == "cpu":
-    return True
-  if backend in ("gpu", "cuda", "rocm"):
-    return False
-  raise ValueError(
-      f"{op}: impl='pallas' has Triton (GPU) kernels only, and runs them "
-      f"interpreted on CPU; there is no Mosaic kernel for backend "
-      f"{backend!r}. Use impl='xla'.")
+def pallas_backend(op: str, backend: str | None = None) -> tuple[str, bool]:
+  """``(kernel family, interpret)`` for ``impl="pallas"`` on this platform.
+
+  ``backend=None`` takes the platform's family (CPU: Triton). On CPU any
+  family runs interpreted; on an accelerator only its own family compiles.
+  """
+  platform = jax.default_backend()
+  if backend is not None and backend not in BACKENDS:
+    raise ValueError(f"{op}: unknown Pallas backend {backend!r}; expected one "
+                     f"of {BACKENDS} or None (the platform's)")
+  if platform == "cpu":
+    return backend or "triton", True
+  native = _PLATFORM_BACKEND.get(platform)
+  if native is None:
+    raise ValueError(f"{op}: impl='pallas' has no kernels for platform "
+                     f"{platform!r}. Use impl='xla'.")
+  if backend not in (None, native):
+    raise ValueError(f"{op}: backend {backend!r} kernels do not compile on "
+                     f"{platform!r} (its kernels are {native!r}); they run "
+                     f"interpreted on CPU only")
+  return native, False
+
+
+def tpu_interpret(interpret: bool):
+  """The ``interpret`` argument of a Mosaic kernel's ``pallas_call``: the TPU
+  interpreter (out-of-bounds and uninitialised memory read as NaN)."""
+  return pltpu.InterpretParams() if interpret else False
+
+
+def tpu_tile(requested: int, extent: int, name: str, *, owner: str) -> int:
+  """A Mosaic tile edge: a multiple of 128, no larger than ``extent`` rounded
+  up to 128 (so small inputs get one tile)."""
+  if requested < TPU_LANES or requested % TPU_LANES:
+    raise ValueError(f"{owner}.{name} must be a positive multiple of "
+                     f"{TPU_LANES}, got {requested}")
+  return min(requested, round_up(extent, TPU_LANES))
+
+
+def block_sizes_for(op: str, family: str, blocks, cls):
+  """``blocks`` (or ``cls()`` when None), checked to be the tiling of the
+  kernel family that runs."""
+  if blocks is None:
+    return cls()
+  if not isinstance(blocks, cls):
+    raise ValueError(f"{op}: the {family!r} kernels take {cls.__name__}, got "
+                     f"{type(blocks).__name__}")
+  return blocks
 
 
 def next_pow2(n: int) -> int:
@@ -162,18 +205,21 @@ def online_softmax_init(rows: int, width: int):
           jnp.zeros((rows,), jnp.float32))
 
 
-def online_softmax_step(carry, s, mask, v):
+def online_softmax_step(carry, s, mask, v, keepdims=False):
   """Folds logits ``s [rows, cols]`` (fp32) and values ``v [cols, width]``
   into the online softmax (FlashAttention-2, Alg. 1): rescale the running
   ``acc`` and denominator by ``exp(m_old - m_new)``, add ``exp(s - m_new)``.
-  ``mask`` (bool, or None for all visible) hides entries exactly."""
+  ``mask`` (bool, or None for all visible) hides entries exactly. The running
+  max and denominator are ``[rows]``, or ``[rows, 1]`` with ``keepdims``
+  (Mosaic keeps vectors 2-D)."""
   acc, m, l = carry
   if mask is not None:
     s = jnp.where(mask, s, MASKED)
-  m_new = jnp.maximum(m, jnp.max(s, axis=1))
-  p = jnp.exp(s - m_new[:, None])
+  col = (lambda x: x) if keepdims else (lambda x: x[:, None])
+  m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=keepdims))
+  p = jnp.exp(s - col(m_new))
   if mask is not None:
     p = jnp.where(mask, p, 0.0)
   alpha = jnp.exp(m - m_new)
-  acc = alpha[:, None] * acc + dot_nn(p.astype(v.dtype), v)
-  return acc, m_new, alpha * l + jnp.sum(p, axis=1)
+  acc = col(alpha) * acc + dot_nn(p.astype(v.dtype), v)
+  return acc, m_new, alpha * l + jnp.sum(p, axis=1, keepdims=keepdims)

@@ -1,6 +1,7 @@
 """Benchmark every implementation of each kernel op side by side.
 
     python -m agentic_rl.kernels.bench --out FILE [--quick] [--ops a,b]
+        [--backend triton|mosaic_tpu]
     python -m agentic_rl.kernels.bench --tune --out FILE [--max_seconds S]
 
 For each op and shape, every implementation available on this backend is
@@ -13,9 +14,12 @@ FlashAttention-2; log-probs count ``2NDV`` per matmul, 3 for fwd+bwd) and
 GB/s for decode (cache bytes read), reported against the device's spec peak
 when known. A failing implementation is recorded with its error and the run
 goes on. ``--quick`` uses tiny shapes (CPU: Pallas runs interpreted).
+``impl="pallas"`` runs the platform's kernel family (Triton on GPU, Mosaic on
+TPU), or ``--backend``'s on CPU.
 
 ``--tune`` times the Pallas implementation alone over its tile sizes instead:
-one pass of coordinate search per case over :data:`TUNE_GRIDS` (each field
+one pass of coordinate search per case over :data:`TUNE_GRIDS` (Triton) or
+:data:`TPU_TUNE_GRIDS` (Mosaic) (each field
 tried in turn with the others held at the best so far, starting from the
 defaults; a fwd+bwd search starts from the same op's best forward tiles),
 within ``--max_seconds``. The JSON is rewritten after every case, so a run cut
@@ -62,6 +66,7 @@ class Case:
   # The Pallas fn with given tile sizes (an instance of ``blocks``), for --tune.
   pallas_with: Callable[[object], Callable] | None = None
   blocks: type | None = None
+  backend: str = "triton"  # the Pallas kernel family (picks the tune grid)
 
 
 # Tile sizes --tune tries, per (op, mode): field -> candidates.
@@ -81,6 +86,28 @@ TUNE_GRIDS = {
         block_k=(64, 128, 256), num_splits=(None, 4, 8, 16, 32),
         num_warps=(4, 8), num_stages=(2, 3)),
 }
+# The same for the Mosaic (TPU) kernels.
+TPU_TUNE_GRIDS = {
+    ("flash_attention", "fwd"): dict(block_q=(256, 512, 1024),
+                                     block_k=(256, 512, 1024)),
+    ("flash_attention", "fwd+bwd"): dict(
+        block_q_dq=(128, 256, 512), block_k_dq=(256, 512, 1024),
+        block_q_dkv=(128, 256, 512), block_k_dkv=(256, 512, 1024)),
+    ("token_logprobs", "fwd"): dict(block_n=(128, 256, 512),
+                                    block_v=(256, 512, 1024)),
+    ("token_logprobs", "fwd+bwd"): dict(block_n=(128, 256, 512),
+                                        block_v=(256, 512, 1024)),
+    ("decode_attention", "fwd"): dict(block_k=(256, 512, 1024, 2048)),
+}
+# Each op's tile sizes, by Pallas kernel family.
+_BLOCKS = {
+    "triton": {"flash_attention": kernels.AttentionBlockSizes,
+               "token_logprobs": kernels.LogprobBlockSizes,
+               "decode_attention": kernels.DecodeBlockSizes},
+    "mosaic_tpu": {"flash_attention": kernels.TpuAttentionBlockSizes,
+                   "token_logprobs": kernels.TpuLogprobBlockSizes,
+                   "decode_attention": kernels.TpuDecodeBlockSizes},
+}
 
 
 def _peaks():
@@ -97,13 +124,11 @@ def _available(op: str) -> tuple[str, ...]:
            "decode_attention": ("xla", "pallas")}[op]
   if jax.default_backend() not in ("gpu", "cuda", "rocm"):
     impls = tuple(i for i in impls if i != "cudnn")
-  if jax.default_backend() == "tpu":
-    impls = tuple(i for i in impls if i != "pallas")
   return impls
 
 
-def _fwd_and_bwd_cases(op, shape, dtype, args, blocks, fwd, loss, argnums, *,
-                       flops, bwd_flops) -> list[Case]:
+def _fwd_and_bwd_cases(op, shape, dtype, args, backend, fwd, loss, argnums,
+                       *, flops, bwd_flops) -> list[Case]:
   """The ``fwd`` and ``fwd+bwd`` cases of an op.
 
   ``fwd(impl, blocks)`` builds the call; the backward case is the gradient of
@@ -118,11 +143,12 @@ def _fwd_and_bwd_cases(op, shape, dtype, args, blocks, fwd, loss, argnums, *,
   def case(mode, make, n):
     return Case(op, mode, shape, jnp.dtype(dtype).name,
                 {i: make(i) for i in impls}, args, flops=n,
-                pallas_with=functools.partial(make, "pallas"), blocks=blocks)
+                pallas_with=functools.partial(make, "pallas"),
+                blocks=_BLOCKS[backend][op], backend=backend)
   return [case("fwd", fwd, flops), case("fwd+bwd", grad, bwd_flops)]
 
 
-def _attention_cases(B, T, H, K, D, dtype, window=None):
+def _attention_cases(backend, B, T, H, K, D, dtype, window=None):
   keys = jax.random.split(jax.random.key(0), 3)
   q = jax.random.normal(keys[0], (B, T, H, D), dtype)
   k = jax.random.normal(keys[1], (B, T, K, D), dtype)
@@ -135,15 +161,14 @@ def _attention_cases(B, T, H, K, D, dtype, window=None):
   def attend(impl, blocks=None):
     return functools.partial(kernels.flash_attention, causal=True,
                              sliding_window=window, impl=impl,
-                             block_sizes=blocks)
+                             block_sizes=blocks, backend=backend)
 
   return _fwd_and_bwd_cases(
-      "flash_attention", shape, dtype, (q, k, v), kernels.AttentionBlockSizes,
-      attend, lambda out: jnp.sum(out.astype(jnp.float32)), (0, 1, 2),
+      "flash_attention", shape, dtype, (q, k, v), backend, attend, lambda out: jnp.sum(out.astype(jnp.float32)), (0, 1, 2),
       flops=fwd_flops, bwd_flops=3.5 * fwd_flops)
 
 
-def _logprob_cases(N, D, V, dtype):
+def _logprob_cases(backend, N, D, V, dtype):
   keys = jax.random.split(jax.random.key(1), 3)
   h = jax.random.normal(keys[0], (N, D), dtype)
   w = (jax.random.normal(keys[1], (D, V), jnp.float32) * D ** -0.5).astype(
@@ -152,17 +177,17 @@ def _logprob_cases(N, D, V, dtype):
 
   def fwd(impl, blocks=None):
     return functools.partial(kernels.token_logprobs, impl=impl,
-                             block_sizes=blocks)
+                             block_sizes=blocks, backend=backend)
 
   matmul = 2.0 * N * D * V
   return _fwd_and_bwd_cases(
-      "token_logprobs", f"N{N} D{D} V{V}", dtype, (h, w, targets),
-      kernels.LogprobBlockSizes, fwd,
+      "token_logprobs", f"N{N} D{D} V{V}", dtype, (h, w, targets), backend,
+      fwd,
       lambda out: jnp.sum(out[0]) + 0.01 * jnp.sum(out[1]), (0, 1),
       flops=matmul, bwd_flops=3 * matmul)
 
 
-def _decode_cases(B, S, H, K, D, dtype):
+def _decode_cases(backend, B, S, H, K, D, dtype):
   keys = jax.random.split(jax.random.key(2), 4)
   q = jax.random.normal(keys[0], (B, H, D), dtype)
   # The model's head-major KV cache layout.
@@ -172,7 +197,8 @@ def _decode_cases(B, S, H, K, D, dtype):
 
   def decode(impl, blocks=None):
     return functools.partial(kernels.decode_attention, impl=impl,
-                             kv_layout="BKSD", block_sizes=blocks)
+                             kv_layout="BKSD", block_sizes=blocks,
+                             backend=backend)
 
   read = 2.0 * float(jnp.sum(lengths)) * K * D * jnp.dtype(dtype).itemsize
   return [Case("decode_attention", "fwd", f"B{B} S{S} H{H} K{K} D{D}",
@@ -180,32 +206,37 @@ def _decode_cases(B, S, H, K, D, dtype):
                {i: decode(i) for i in _available("decode_attention")},
                (q, k, v, lengths), bytes=read,
                pallas_with=functools.partial(decode, "pallas"),
-               blocks=kernels.DecodeBlockSizes)]
+               blocks=_BLOCKS[backend]["decode_attention"], backend=backend)]
 
 
-def cases(quick: bool, ops: set[str]) -> list[Case]:
-  """The benchmark configuration (full: sized for ~5 min on one H200)."""
+def cases(quick: bool, ops: set[str], backend: str | None = None
+          ) -> list[Case]:
+  """The benchmark configuration (full: sized for ~5 min on one H200).
+
+  ``backend``: the Pallas kernel family (None: the platform's)."""
+  backend = kernels.pallas_backend("bench", backend)[0]
   out = []
   if "flash_attention" in ops:
     shapes = ([(1, 128, 2, 1, 32)] if quick else
               [(4, 4096, 16, 16, 128), (4, 4096, 32, 8, 128)])
     dtype = jnp.float32 if quick else jnp.bfloat16
     for shape in shapes:
-      out += _attention_cases(*shape, dtype)
+      out += _attention_cases(backend, *shape, dtype)
     if not quick:
-      out += _attention_cases(4, 4096, 16, 16, 128, dtype, window=1024)
+      out += _attention_cases(backend, 4, 4096, 16, 16, 128, dtype,
+                              window=1024)
   if "token_logprobs" in ops:
     shapes = ([(256, 32, 16384)] if quick else
               [(8192, 2048, 131072), (4096, 2048, 32768)])
     dtype = jnp.float32 if quick else jnp.bfloat16
     for shape in shapes:
-      out += _logprob_cases(*shape, dtype)
+      out += _logprob_cases(backend, *shape, dtype)
   if "decode_attention" in ops:
     shapes = ([(2, 200, 4, 2, 32)] if quick else
               [(64, 8192, 32, 8, 128), (8, 32768, 32, 8, 128)])
     dtype = jnp.float32 if quick else jnp.bfloat16
     for shape in shapes:
-      out += _decode_cases(*shape, dtype)
+      out += _decode_cases(backend, *shape, dtype)
   return out
 
 
@@ -279,7 +310,9 @@ def tune(case: Case, repeats: int, warmup: int, *, deadline: float,
   failing one, such as a tile needing more shared memory than the device
   has, records its error and scores infinity).
   """
-  grid = TUNE_GRIDS[(case.op, case.mode)] if grid is None else grid
+  if grid is None:
+    grids = TPU_TUNE_GRIDS if case.backend == "mosaic_tpu" else TUNE_GRIDS
+    grid = grids[(case.op, case.mode)]
   scores, trials = {}, []
 
   def score(blocks) -> float:
@@ -351,6 +384,9 @@ def main(argv=None) -> dict:
                       help="search the Pallas tile sizes instead")
   parser.add_argument("--max_seconds", type=float, default=None,
                       help="--tune: stop trying new tiles after this long")
+  parser.add_argument("--backend", choices=kernels.PALLAS_BACKENDS,
+                      default=None, help="Pallas kernels (default: the "
+                      "platform's; CPU runs either interpreted)")
   args = parser.parse_args(argv)
   ops = set(args.ops.split(","))
   unknown = ops - {"flash_attention", "token_logprobs", "decode_attention"}
@@ -359,7 +395,8 @@ def main(argv=None) -> dict:
   repeats = args.repeats or (3 if args.quick else 10 if args.tune else 20)
   warmup = 1 if args.quick else 3
   device = jax.devices()[0]
-  report = dict(
+  backend = kernels.pallas_backend("bench", args.backend)[0]
+  report = dict(pallas_backend=backend,
       date=datetime.datetime.now(datetime.timezone.utc).isoformat(
           timespec="seconds"),
       backend=jax.default_backend(), device_kind=device.device_kind,
@@ -373,9 +410,9 @@ def main(argv=None) -> dict:
       json.dump(report, f, indent=1, default=float)
 
   if args.tune:
-    return _tune_all(report, cases(args.quick, ops), repeats, warmup,
+    return _tune_all(report, cases(args.quick, ops, backend), repeats, warmup,
                      args.max_seconds, save)
-  for case in cases(args.quick, ops):
+  for case in cases(args.quick, ops, backend):
     for row in run_case(case, repeats, warmup):
       report["rows"].append(row)
       result = row.get("error") or f"{row['ms']:.3f} ms"

@@ -1,5 +1,8 @@
 """Decode attention: one query token per row against a KV cache.
 
+This module holds the Triton kernel and :func:`decode_attention`, which
+dispatches to it, to the Mosaic TPU kernel (:mod:`decode_tpu`) or to XLA.
+
 For the rollout engine. Row ``b`` has ``lengths[b]`` filled cache slots and its
 query sits at position ``lengths[b] - 1``, so slot ``j`` is visible iff ``j <
 lengths[b]`` and, with a window ``w``, ``lengths[b] - 1 - j < w`` (the same
@@ -32,7 +35,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from agentic_rl.kernels import _common
+from agentic_rl.kernels import decode_tpu
 from agentic_rl.kernels import reference
+from agentic_rl.kernels.decode_tpu import TpuDecodeBlockSizes
 
 _SQ = _common.SQUEEZED
 
@@ -208,8 +213,9 @@ def decode_attention(
     sliding_window: int | jax.Array | None = None,
     softcap: float | None = None,
     impl: str = "pallas",
-    block_sizes: DecodeBlockSizes | None = None,
+    block_sizes: DecodeBlockSizes | TpuDecodeBlockSizes | None = None,
     kv_layout: str = "BSKD",
+    backend: str | None = None,
 ) -> jax.Array:
   """Attention of one new token per row over its cache; ``[B, H, D]``.
 
@@ -221,9 +227,12 @@ def decode_attention(
     sliding_window: optional int >= 1 or int32 scalar array (may be traced):
       slot ``j`` needs ``lengths - 1 - j < window``.
     softcap: optional ``c``: logits become ``c * tanh(logits / c)``.
-    impl: ``"pallas"`` (Triton on GPU, interpreted on CPU) or ``"xla"``.
-    block_sizes: Pallas tiling; defaults to :class:`DecodeBlockSizes`.
+    impl: ``"pallas"`` (the kernels of ``backend``) or ``"xla"``.
+    block_sizes: Pallas tiling: :class:`DecodeBlockSizes` for Triton,
+      :class:`TpuDecodeBlockSizes` for Mosaic; None for the defaults.
     kv_layout: ``"BSKD"`` (sequence-major) or ``"BKSD"`` (head-major).
+    backend: ``"triton"``, ``"mosaic_tpu"`` (:mod:`decode_tpu`) or None for
+      the platform's (see :func:`_common.pallas_backend`).
   """
   op = "decode_attention"
   _common.check_impl(op, impl, IMPLS)
@@ -242,12 +251,25 @@ def decode_attention(
         kv_positions=jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S)),
         sliding_window=window, softcap=softcap, kv_layout=kv_layout)
     return out[:, 0]
-  cfg = _make_config(q.shape, S, K, softcap=softcap,
-                     has_window=window is not None,
-                     blocks=block_sizes or DecodeBlockSizes(),
-                     interpret=_common.pallas_interpret(op))
+  family, interpret = _common.pallas_backend(op, backend)
   G = H // K
   lengths = jnp.minimum(lengths, S)  # slots past the cache do not exist
+  if family == "mosaic_tpu":
+    blocks = _common.block_sizes_for(op, family, block_sizes,
+                                     TpuDecodeBlockSizes)
+    cfg = decode_tpu.make_config(q.shape, S, softcap=softcap,
+                                 has_window=window is not None, blocks=blocks,
+                                 interpret=interpret)
+    if not head_major:
+      k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+    out = decode_tpu.attention(cfg, q.reshape(B, K, G, D), k, v, lengths,
+                               window)
+    return out.reshape(B, H, D)
+  cfg = _make_config(q.shape, S, K, softcap=softcap,
+                     has_window=window is not None,
+                     blocks=_common.block_sizes_for(op, family, block_sizes,
+                                                    DecodeBlockSizes),
+                     interpret=interpret)
   pad = _common.pad_axis
   q4 = pad(pad(q.reshape(B, K, G, D), 2, cfg.Gp), 3, cfg.Dp)
   k = pad(pad(k, s_axis, cfg.S), 3, cfg.Dp)

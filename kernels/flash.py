@@ -1,4 +1,8 @@
-"""Flash attention: Pallas (Triton) forward and backward kernels.
+"""Flash attention: Pallas forward and backward kernels, and the entry point.
+
+This module holds the Triton kernels and :func:`flash_attention`, which
+dispatches to them, to the Mosaic TPU kernels (:mod:`flash_tpu`), to XLA or
+to cuDNN.
 
 Algorithm: FlashAttention-2 (Dao, 2023, arXiv:2307.08691). For each block of
 queries the kernel streams key/value blocks, keeping the running row max
@@ -20,7 +24,8 @@ Layout is ``[batch, time, heads, head_dim]`` like
 query head ``h`` reads key/value head ``h // (H // K)``. Lengths that are not
 block multiples are zero-padded in the wrapper (padded keys are masked, padded
 query rows are sliced off), and the head dim is padded to a power of two, as
-Triton tiles must be powers of two.
+Triton tiles must be powers of two. The masking and block-skipping rules
+live in :mod:`attention_rules`.
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from agentic_rl.kernels import _common
+from agentic_rl.kernels import attention_rules as rules
+from agentic_rl.kernels import flash_tpu
+from agentic_rl.kernels.flash_tpu import TpuAttentionBlockSizes
 from agentic_rl.kernels import reference
 
 _SQ = _common.SQUEEZED
@@ -112,58 +120,12 @@ def _make_config(q_shape, k_shape, *, causal, softcap, has_segments,
 # In-kernel helpers (shared by the forward, dQ and dK/dV kernels).
 
 
-def _logits(cfg: _Config, q, k):
-  """Scaled (and soft-capped) logits ``[bq, bk]`` fp32, and tanh or None."""
-  s = _common.dot_nt(q, k) * cfg.scale
-  if cfg.softcap is None:
-    return s, None
-  t = jnp.tanh(s / cfg.softcap)
-  return cfg.softcap * t, t
-
-
-def _visible(cfg: _Config, q_pos, k_pos, q_seg, k_seg, window):
-  """Boolean ``[bq, bk]`` visibility, or None when everything is visible."""
-  qp, kp = q_pos[:, None], k_pos[None, :]
-  mask = None
-
-  def conj(m, c):
-    return c if m is None else m & c
-
-  if cfg.causal:
-    mask = conj(mask, kp <= qp)
-  if window is not None:
-    mask = conj(mask, qp - kp < window)
-  if q_seg is not None:
-    mask = conj(mask, q_seg[:, None] == k_seg[None, :])
-  if cfg.Sp > cfg.S:  # zero-padded keys
-    mask = conj(mask, kp < cfg.S)
-  if mask is not None:
-    mask = jnp.broadcast_to(mask, (q_pos.shape[0], k_pos.shape[0]))
-  return mask
-
-
-def _key_blocks(cfg: _Config, q_start, bq, bk, window):
-  """Half-open range of key blocks that queries [q_start, q_start+bq) see."""
-  hi = pl.cdiv(cfg.S, bk)
-  if cfg.causal:
-    hi = jnp.minimum(hi, lax.div(q_start + bq + bk - 1, bk))
-  lo = 0
-  if window is not None:
-    lo = lax.div(jnp.maximum(q_start - window + 1, 0), bk)
-  return lo, hi
-
-
-def _query_blocks(cfg: _Config, k_start, bk, bq, window):
-  """Half-open range of query blocks that see keys [k_start, k_start+bk)."""
-  hi = pl.cdiv(cfg.T, bq)
-  if window is not None:  # t - s < window  =>  t <= k_last + window - 1
-    hi = jnp.minimum(hi, lax.div(k_start + bk - 1 + window - 1, bq) + 1)
-  lo = lax.div(k_start, bq) if cfg.causal else 0
-  return lo, hi
-
-
-def _needs_mask(cfg: _Config) -> bool:
-  return (cfg.causal or cfg.has_window or cfg.has_segments or cfg.Sp > cfg.S)
+def _tile_mask(cfg: _Config, q_pos, k_pos, q_seg, k_seg, window):
+  """:func:`rules.visible` for 1-D positions and segment ids (Triton tiles)."""
+  return rules.visible(cfg, q_pos[:, None], k_pos[None, :],
+                       None if q_seg is None else q_seg[:, None],
+                       None if k_seg is None else k_seg[None, :], window,
+                       (q_pos.shape[0], k_pos.shape[0]))
 
 
 def _spans(lo, hi, full):
@@ -178,33 +140,6 @@ def _spans(lo, hi, full):
   a = jnp.clip(full_lo, lo, hi)
   b = jnp.clip(full_hi, a, hi)
   return [(lo, a, True), (a, b, False), (b, hi, True)]
-
-
-def _full_key_blocks(cfg: _Config, q_start, bq, bk, window):
-  """Key blocks fully visible to queries [q_start, q_start+bq), or None."""
-  if cfg.has_segments:
-    return None
-  full_lo, full_hi = 0, cfg.S // bk  # blocks free of padded keys
-  if cfg.causal:  # last key <= first query
-    full_hi = jnp.minimum(full_hi, lax.div(q_start + 1, bk))
-  if window is not None:  # last query - first key < window
-    full_lo = lax.div(jnp.maximum(q_start + bq - 1 - window + bk, 0), bk)
-  return full_lo, full_hi
-
-
-def _full_query_blocks(cfg: _Config, k_start, bk, bq, window):
-  """Query blocks that see all keys [k_start, k_start+bk), or None."""
-  if cfg.has_segments:
-    return None
-  full_lo, full_hi = 0, pl.cdiv(cfg.T, bq)
-  if cfg.Sp > cfg.S:  # a block holding padded keys is never fully visible
-    full_hi = jnp.where(k_start + bk > cfg.S, 0, full_hi)
-  if cfg.causal:  # first query >= last key
-    full_lo = lax.div(k_start + bk - 1 + bq - 1, bq)
-  if window is not None:  # last query - first key < window
-    last = jnp.maximum(window + k_start + 1 - bq, 0)
-    full_hi = jnp.minimum(full_hi, lax.div(last + bq - 1, bq))
-  return full_lo, full_hi
 
 
 def _split_refs(cfg: _Config, refs, n_main: int):
@@ -228,7 +163,7 @@ def _loop(spans, body, carry):
 
 def _block_ranges(cfg, start, size, other, window, blocks, full_blocks):
   lo, hi = blocks(cfg, start, size, other, window)
-  if not _needs_mask(cfg):
+  if not rules.needs_mask(cfg):
     return [(lo, hi, False)]
   return _spans(lo, hi, full_blocks(cfg, start, size, other, window))
 
@@ -251,16 +186,16 @@ def _fwd_kernel(*refs, cfg: _Config):
     k_start = pl.multiple_of(j * bk, bk)
     k = k_ref[pl.ds(k_start, bk), :]
     v = v_ref[pl.ds(k_start, bk), :]
-    s, _ = _logits(cfg, q, k)
+    s, _ = rules.logits(cfg, q, k)
     mask = None
     if masked:
       k_seg = None if ks_ref is None else ks_ref[pl.ds(k_start, bk)]
-      mask = _visible(cfg, q_pos, k_start + lax.iota(jnp.int32, bk), q_seg,
-                      k_seg, window)
+      mask = _tile_mask(cfg, q_pos, k_start + lax.iota(jnp.int32, bk),
+                        q_seg, k_seg, window)
     return _common.online_softmax_step(carry, s, mask, v)
 
-  spans = _block_ranges(cfg, q_start, bq, bk, window, _key_blocks,
-                        _full_key_blocks)
+  spans = _block_ranges(cfg, q_start, bq, bk, window, rules.key_blocks,
+                        rules.full_key_blocks)
   acc, m, l = _loop(spans, body, _common.online_softmax_init(bq, cfg.Dp))
   seen = l > 0.0
   l_safe = jnp.where(seen, l, 1.0)
@@ -286,12 +221,12 @@ def _dq_kernel(*refs, cfg: _Config):
     k_start = pl.multiple_of(j * bk, bk)
     k = k_ref[pl.ds(k_start, bk), :]
     v = v_ref[pl.ds(k_start, bk), :]
-    s, t = _logits(cfg, q, k)
+    s, t = rules.logits(cfg, q, k)
     mask = None
     if masked:
       k_seg = None if ks_ref is None else ks_ref[pl.ds(k_start, bk)]
-      mask = _visible(cfg, q_pos, k_start + lax.iota(jnp.int32, bk), q_seg,
-                      k_seg, window)
+      mask = _tile_mask(cfg, q_pos, k_start + lax.iota(jnp.int32, bk),
+                        q_seg, k_seg, window)
     p = jnp.exp(s - lse[:, None])
     if mask is not None:
       p = jnp.where(mask, p, 0.0)
@@ -300,8 +235,8 @@ def _dq_kernel(*refs, cfg: _Config):
       ds = ds * (1.0 - t * t)
     return dq + _common.dot_nn(ds.astype(k.dtype), k)
 
-  spans = _block_ranges(cfg, q_start, bq, bk, window, _key_blocks,
-                        _full_key_blocks)
+  spans = _block_ranges(cfg, q_start, bq, bk, window, rules.key_blocks,
+                        rules.full_key_blocks)
   dq = _loop(spans, body, jnp.zeros((bq, cfg.Dp), jnp.float32))
   dq_ref[...] = (dq * cfg.scale).astype(dq_ref.dtype)
 
@@ -316,8 +251,8 @@ def _dkdv_kernel(*refs, cfg: _Config):
   k_pos = k_start + lax.iota(jnp.int32, bk)
   k_seg = None if ks_ref is None else ks_ref[...]
   window = None if w_ref is None else w_ref[()]
-  spans = _block_ranges(cfg, k_start, bk, bq, window, _query_blocks,
-                        _full_query_blocks)
+  spans = _block_ranges(cfg, k_start, bk, bq, window, rules.query_blocks,
+                        rules.full_query_blocks)
 
   def group(g, carry):
     def body(masked, i, carry):
@@ -328,12 +263,12 @@ def _dkdv_kernel(*refs, cfg: _Config):
       do = do_ref[rows, g, :]
       lse = lse_ref[g, rows]
       delta = delta_ref[g, rows]
-      s, t = _logits(cfg, q, k)
+      s, t = rules.logits(cfg, q, k)
       mask = None
       if masked:
         q_seg = None if qs_ref is None else qs_ref[rows]
-        mask = _visible(cfg, q_start + lax.iota(jnp.int32, bq), k_pos, q_seg,
-                        k_seg, window)
+        mask = _tile_mask(cfg, q_start + lax.iota(jnp.int32, bq), k_pos,
+                          q_seg, k_seg, window)
       p = jnp.exp(s - lse[:, None])
       if mask is not None:
         p = jnp.where(mask, p, 0.0)
@@ -570,7 +505,8 @@ def flash_attention(
     sliding_window: int | jax.Array | None = None,
     softcap: float | None = None,
     impl: str = "pallas",
-    block_sizes: AttentionBlockSizes | None = None,
+    block_sizes: AttentionBlockSizes | TpuAttentionBlockSizes | None = None,
+    backend: str | None = None,
 ) -> jax.Array:
   """Multi-head attention ``softmax(q k^T / sqrt(D)) v``, differentiable.
 
@@ -584,10 +520,14 @@ def flash_attention(
       ``t - s < w``. A Python int >= 1 or an int32 scalar array (may be
       traced; ``reference.NO_WINDOW`` is global attention).
     softcap: optional ``c > 0``: logits become ``c * tanh(logits / c)``.
-    impl: ``"pallas"`` (Triton on GPU, interpreted on CPU), ``"xla"``
+    impl: ``"pallas"`` (the kernels of ``backend``), ``"xla"``
       (:func:`reference.attention`) or ``"cudnn"`` (GPU only, through
       ``jax.nn.dot_product_attention``; no softcap, static causal window).
-    block_sizes: Pallas tile sizes; defaults to :class:`AttentionBlockSizes`.
+    block_sizes: Pallas tiles: :class:`AttentionBlockSizes` for Triton,
+      :class:`TpuAttentionBlockSizes` for Mosaic; None for the defaults.
+    backend: Pallas kernels, ``"triton"`` or ``"mosaic_tpu"``; None picks the
+      platform's (Triton on GPU and CPU, Mosaic on TPU). On CPU both run
+      interpreted.
 
   Returns:
     ``[B, T, H, D]`` in q's dtype; rows that see no key are zero.
@@ -602,11 +542,18 @@ def flash_attention(
   if impl == "cudnn":
     return _cudnn(q, k, v, causal=causal, segment_ids=segment_ids,
                   window=sliding_window, softcap=softcap)
-  cfg = _make_config(
-      q.shape, k.shape, causal=bool(causal), softcap=softcap,
-      has_segments=segment_ids is not None, has_window=window is not None,
-      blocks=block_sizes or AttentionBlockSizes(),
-      interpret=_common.pallas_interpret("flash_attention"))
+  family, interpret = _common.pallas_backend("flash_attention", backend)
   if segment_ids is not None:
     segment_ids = segment_ids.astype(jnp.int32)
+  config = dict(causal=bool(causal), softcap=softcap,
+                has_segments=segment_ids is not None,
+                has_window=window is not None, interpret=interpret)
+  if family == "mosaic_tpu":
+    blocks = _common.block_sizes_for("flash_attention", family, block_sizes,
+                                     TpuAttentionBlockSizes)
+    cfg = flash_tpu.make_config(q.shape, k.shape, blocks=blocks, **config)
+    return flash_tpu.attention(cfg, q, k, v, segment_ids, window)
+  blocks = _common.block_sizes_for("flash_attention", family, block_sizes,
+                                   AttentionBlockSizes)
+  cfg = _make_config(q.shape, k.shape, blocks=blocks, **config)
   return _flash(cfg, q, k, v, segment_ids, window)

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -52,9 +51,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from agentic_rl.kernels import _common
+from agentic_rl.kernels import logprob_math as tiles
+from agentic_rl.kernels import logprobs_tpu
 from agentic_rl.kernels import reference
+from agentic_rl.kernels.logprobs_tpu import TpuLogprobBlockSizes
 
-_MASKED = _common.MASKED
 _SQ = _common.SQUEEZED
 
 IMPLS = ("xla", "xla_chunked", "pallas")
@@ -119,36 +120,7 @@ def _make_config(impl, N, D, V, *, temperature, softcap,
 
 
 # --------------------------------------------------------------------------
-# Tile math, shared by the Pallas kernels and the pure-JAX chunked path.
-
-
-class _Stats(NamedTuple):
-  """Online softmax state per row: max, sum e^(z-m), sum e^(z-m)(z-m), z_t."""
-  m: jax.Array
-  l: jax.Array
-  s1: jax.Array
-  zt: jax.Array
-
-
-def _empty_stats(n: int) -> _Stats:
-  zeros = jnp.zeros((n,), jnp.float32)
-  return _Stats(jnp.full((n,), _MASKED, jnp.float32), zeros, zeros, zeros)
-
-
-def _merge(a: _Stats, b: _Stats) -> _Stats:
-  m = jnp.maximum(a.m, b.m)
-  da, db = a.m - m, b.m - m
-  ea, eb = jnp.exp(da), jnp.exp(db)
-  return _Stats(m, a.l * ea + b.l * eb,
-                ea * (a.s1 + da * a.l) + eb * (b.s1 + db * b.l), a.zt + b.zt)
-
-
-def _transform(cfg: _Config, x):
-  """fp32 logits -> (tempered, soft-capped logits z, tanh or None)."""
-  if cfg.softcap is None:
-    return x * cfg.inv_temperature, None
-  t = jnp.tanh(x / cfg.softcap)
-  return cfg.softcap * t * cfg.inv_temperature, t
+# Vocabulary chunks (Pallas Triton and the pure-JAX chunked path).
 
 
 def _column_mask(cfg: _Config, cols, first_new):
@@ -157,38 +129,6 @@ def _column_mask(cfg: _Config, cols, first_new):
   if cfg.Vp > cfg.V:
     valid &= cols < cfg.V
   return valid
-
-
-def _tile_stats(cfg: _Config, x, cols, valid, targets) -> _Stats:
-  """Stats of one ``[rows, cols]`` logit tile; ``valid`` masks columns."""
-  z, _ = _transform(cfg, x)
-  valid = jnp.broadcast_to(valid[None, :], z.shape)
-  z = jnp.where(valid, z, _MASKED)
-  m = jnp.max(z, axis=1)
-  zm = z - m[:, None]
-  e = jnp.where(valid, jnp.exp(zm), 0.0)
-  hit = valid & (cols[None, :] == targets[:, None])
-  return _Stats(m, jnp.sum(e, axis=1), jnp.sum(e * zm, axis=1),
-                jnp.sum(jnp.where(hit, z, 0.0), axis=1))
-
-
-def _finalize(s: _Stats):
-  """-> (logp, entropy, lse, E_p[z]), all fp32 ``[rows]``."""
-  log_l = jnp.log(s.l)
-  mean_rel = s.s1 / s.l
-  return s.zt - (s.m + log_l), log_l - mean_rel, s.m + log_l, s.m + mean_rel
-
-
-def _logit_grad(cfg: _Config, x, cols, valid, targets, lse, ez, d_logp, d_ent):
-  """dL/dx for one tile (fp32), zero on masked columns."""
-  z, t = _transform(cfg, x)
-  p = jnp.exp(z - lse[:, None])
-  onehot = (cols[None, :] == targets[:, None]).astype(jnp.float32)
-  g = d_logp[:, None] * (onehot - p) - d_ent[:, None] * p * (z - ez[:, None])
-  g = g * cfg.inv_temperature
-  if t is not None:
-    g = g * (1.0 - t * t)
-  return jnp.where(jnp.broadcast_to(valid[None, :], g.shape), g, 0.0)
 
 
 def _chunk_start(cfg: _Config, c):
@@ -226,14 +166,14 @@ def _fwd_kernel(h_ref, w_ref, t_ref, m_ref, l_ref, s1_ref, zt_ref, *,
     col = jnp.minimum(start, cfg.Vp - bv)  # the last tile ends at Vp
     x = _tile_logits(cfg, h_ref, w_ref, col)
     cols = col + lax.iota(jnp.int32, bv)
-    return _merge(stats, _tile_stats(cfg, x, cols,
-                                     _column_mask(cfg, cols, start), targets))
+    return tiles.merge(stats, tiles.tile_stats(
+        cfg, x, cols, _column_mask(cfg, cols, start), targets))
 
-  stats = lax.fori_loop(0, n_tiles, body, _empty_stats(cfg.bn))
+  stats = lax.fori_loop(0, n_tiles, body, tiles.empty_stats((cfg.bn,)))
   m_ref[...], l_ref[...], s1_ref[...], zt_ref[...] = stats
 
 
-def _pallas_stats(cfg: _Config, h, w, targets) -> _Stats:
+def _pallas_stats(cfg: _Config, h, w, targets) -> tiles.Stats:
   n_splits = cfg.num_chunks
   row = pl.BlockSpec((cfg.bn,), lambda i, s: (i,))
   part = pl.BlockSpec((_SQ, cfg.bn), lambda i, s: (s, i))
@@ -250,8 +190,8 @@ def _pallas_stats(cfg: _Config, h, w, targets) -> _Stats:
       interpret=cfg.interpret,
       name="token_logprobs_fwd",
   )(h, w, targets)
-  parts = [_Stats(*(p[s] for p in parts)) for s in range(n_splits)]
-  return functools.reduce(_merge, parts)
+  parts = [tiles.Stats(*(p[s] for p in parts)) for s in range(n_splits)]
+  return functools.reduce(tiles.merge, parts)
 
 
 def _grad_kernel(h_ref, w_ref, t_ref, lse_ref, ez_ref, dlp_ref, dent_ref,
@@ -261,8 +201,9 @@ def _grad_kernel(h_ref, w_ref, t_ref, lse_ref, ez_ref, dlp_ref, dent_ref,
   col = start + pl.program_id(1) * cfg.bv
   x = _tile_logits(cfg, h_ref, w_ref, col)
   cols = col + lax.iota(jnp.int32, cfg.bv)
-  g = _logit_grad(cfg, x, cols, _column_mask(cfg, cols, nominal), t_ref[...],
-                  lse_ref[...], ez_ref[...], dlp_ref[...], dent_ref[...])
+  g = tiles.logit_grad(cfg, x, cols, _column_mask(cfg, cols, nominal),
+                       t_ref[...], lse_ref[...], ez_ref[...], dlp_ref[...],
+                       dent_ref[...])
   g_ref[...] = g.astype(g_ref.dtype)
 
 
@@ -295,13 +236,14 @@ def _xla_chunk_logits(cfg: _Config, h, w, start):
   return x, start + jnp.arange(cfg.chunk, dtype=jnp.int32)
 
 
-def _xla_stats(cfg: _Config, h, w, targets) -> _Stats:
+def _xla_stats(cfg: _Config, h, w, targets) -> tiles.Stats:
   def body(stats, c):
     start, nominal = _chunk_start(cfg, c)
     x, cols = _xla_chunk_logits(cfg, h, w, start)
-    tile = _tile_stats(cfg, x, cols, _column_mask(cfg, cols, nominal), targets)
-    return _merge(stats, tile), None
-  stats, _ = lax.scan(body, _empty_stats(h.shape[0]),
+    tile = tiles.tile_stats(cfg, x, cols, _column_mask(cfg, cols, nominal),
+                            targets)
+    return tiles.merge(stats, tile), None
+  stats, _ = lax.scan(body, tiles.empty_stats((h.shape[0],)),
                       jnp.arange(cfg.num_chunks, dtype=jnp.int32))
   return stats
 
@@ -309,8 +251,8 @@ def _xla_stats(cfg: _Config, h, w, targets) -> _Stats:
 def _xla_grad_chunk(cfg: _Config, h, w, targets, lse, ez, d_logp, d_ent,
                     start, nominal):
   x, cols = _xla_chunk_logits(cfg, h, w, start)
-  g = _logit_grad(cfg, x, cols, _column_mask(cfg, cols, nominal), targets, lse,
-                  ez, d_logp, d_ent)
+  g = tiles.logit_grad(cfg, x, cols, _column_mask(cfg, cols, nominal),
+                       targets, lse, ez, d_logp, d_ent)
   return g.astype(w.dtype)
 
 
@@ -325,7 +267,7 @@ def _fused(cfg: _Config, h, w, targets):
 
 def _fused_fwd(cfg: _Config, h, w, targets):
   stats_fn = _pallas_stats if cfg.impl == "pallas" else _xla_stats
-  logp, ent, lse, ez = _finalize(stats_fn(cfg, h, w, targets))
+  logp, ent, lse, ez = tiles.finalize(stats_fn(cfg, h, w, targets))
   return (logp, ent), (h, w, targets, lse, ez)
 
 
@@ -393,7 +335,8 @@ def token_logprobs(
     temperature: float = 1.0,
     softcap: float | None = None,
     impl: str = "pallas",
-    block_sizes: LogprobBlockSizes | None = None,
+    block_sizes: LogprobBlockSizes | TpuLogprobBlockSizes | None = None,
+    backend: str | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Log-prob of each target and entropy of each row, both fp32 ``[N]``.
 
@@ -405,7 +348,11 @@ def token_logprobs(
     temperature: Python float > 0; logits are divided by it (after capping).
     softcap: optional Python float ``c > 0``: ``z = c * tanh(z / c)``.
     impl: ``"pallas"``, ``"xla_chunked"`` or ``"xla"`` (see module doc).
-    block_sizes: tiling; defaults to :class:`LogprobBlockSizes`.
+    block_sizes: tiling: :class:`LogprobBlockSizes` (Triton and
+      ``"xla_chunked"``) or :class:`TpuLogprobBlockSizes` (Mosaic); None for
+      the defaults.
+    backend: for ``impl="pallas"``: ``"triton"``, ``"mosaic_tpu"``
+      (:mod:`logprobs_tpu`) or None for the platform's.
 
   Differentiable w.r.t. ``hidden_NxD`` and ``unembed_DxV`` (both outputs).
   """
@@ -419,11 +366,24 @@ def token_logprobs(
                                     temperature=temperature, softcap=softcap)
   N, D = hidden_NxD.shape
   V = unembed_DxV.shape[1]
-  interpret = _common.pallas_interpret(op) if impl == "pallas" else False
-  cfg = _make_config(impl, N, D, V, temperature=temperature, softcap=softcap,
-                     blocks=block_sizes or LogprobBlockSizes(),
-                     interpret=interpret)
   pad = _common.pad_axis
+  family, interpret = "xla", False
+  if impl == "pallas":
+    family, interpret = _common.pallas_backend(op, backend)
+  if family == "mosaic_tpu":
+    blocks = _common.block_sizes_for(op, family, block_sizes,
+                                     TpuLogprobBlockSizes)
+    cfg = logprobs_tpu.make_config(N, V, temperature=temperature,
+                                   softcap=softcap, blocks=blocks,
+                                   interpret=interpret)
+    logp, ent = logprobs_tpu.token_logprobs(
+        cfg, pad(hidden_NxD, 0, cfg.Np), unembed_DxV,
+        pad(targets_N, 0, cfg.Np))
+    return logp[:N], ent[:N]
+  cfg = _make_config(impl, N, D, V, temperature=temperature, softcap=softcap,
+                     blocks=_common.block_sizes_for(op, family, block_sizes,
+                                                    LogprobBlockSizes),
+                     interpret=interpret)
   h = pad(pad(hidden_NxD, 0, cfg.Np), 1, cfg.Dp)
   w = pad(pad(unembed_DxV, 0, cfg.Dp), 1, cfg.Vp)
   targets = pad(targets_N.astype(jnp.int32), 0, cfg.Np)

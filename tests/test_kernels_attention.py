@@ -14,6 +14,9 @@ from agentic_rl.kernels import reference
 # Tiny tiles so that short sequences span several blocks (online softmax,
 # block skipping, masked/unmasked loops, padding of the last block).
 TINY = kernels.AttentionBlockSizes(16, 16, 16, 16, 16, 16)
+# The smallest Mosaic tiles (128): sequences of a few hundred span blocks.
+TPU_TINY = kernels.TpuAttentionBlockSizes(128, 128, 128, 128, 128, 128)
+TILES = {"triton": TINY, "mosaic_tpu": TPU_TINY}
 
 
 def _assert_close(x, ref, rel):
@@ -63,19 +66,31 @@ def _nn_attention(q, k, v, *, causal=True, segment_ids=None,
 
 
 CASES = [
-    # name, (B, T, S, H, K, D), options, also compare with jax.nn
-    ("mha_unaligned", (2, 37, 37, 2, 2, 24), dict(), True),
-    ("gqa4_segments_window", (2, 40, 40, 4, 1, 16),
+    # name, backend, (B, T, S, H, K, D), options, also compare with jax.nn
+    ("mha_unaligned", "triton", (2, 37, 37, 2, 2, 24), dict(), True),
+    ("gqa4_segments_window", "triton", (2, 40, 40, 4, 1, 16),
      dict(segment_ids="packed", sliding_window=9), True),
-    ("gqa8_softcap", (1, 33, 33, 8, 1, 32), dict(softcap=5.0), False),
-    ("noncausal_window_cross_lengths", (2, 20, 45, 4, 2, 16),
+    ("gqa8_softcap", "triton", (1, 33, 33, 8, 1, 32), dict(softcap=5.0),
+     False),
+    ("noncausal_window_cross_lengths", "triton", (2, 20, 45, 4, 2, 16),
      dict(causal=False, sliding_window=6), False),
+    # The Mosaic (TPU) kernels in the TPU interpreter, which reads padding and
+    # uninitialised memory as NaN: 128-tiles over unaligned lengths.
+    ("tpu_mha_unaligned", "mosaic_tpu", (1, 300, 300, 2, 2, 24), dict(),
+     True),
+    ("tpu_gqa4_segments_window", "mosaic_tpu", (2, 260, 260, 4, 1, 16),
+     dict(segment_ids="packed", sliding_window=90), True),
+    ("tpu_gqa8_softcap", "mosaic_tpu", (1, 150, 150, 8, 1, 32),
+     dict(softcap=5.0), False),
+    ("tpu_noncausal_window_cross_lengths", "mosaic_tpu",
+     (1, 140, 300, 4, 2, 16), dict(causal=False, sliding_window=100), False),
 ]
 
 
-@pytest.mark.parametrize("name,shape,opts,vs_nn", CASES,
+@pytest.mark.parametrize("name,backend,shape,opts,vs_nn", CASES,
                          ids=[c[0] for c in CASES])
-def test_pallas_matches_reference_fwd_and_grads(name, shape, opts, vs_nn):
+def test_pallas_matches_reference_fwd_and_grads(name, backend, shape, opts,
+                                                vs_nn):
   B, T, S, H, K, D = shape
   q, k, v, ct = _inputs(sum(map(ord, name)), *shape)
   opts = dict(opts)
@@ -83,7 +98,8 @@ def test_pallas_matches_reference_fwd_and_grads(name, shape, opts, vs_nn):
     opts["segment_ids"] = _packed_segments(B, T)
   out, grads = _value_and_grads(
       functools.partial(kernels.flash_attention, impl="pallas",
-                        block_sizes=TINY, **opts), q, k, v, ct)
+                        backend=backend, block_sizes=TILES[backend], **opts),
+      q, k, v, ct)
   references = [functools.partial(reference.attention, **opts)]
   if vs_nn:
     references.append(functools.partial(_nn_attention, **opts))
@@ -97,14 +113,15 @@ def test_pallas_matches_reference_fwd_and_grads(name, shape, opts, vs_nn):
       _assert_close(g, rg, 1e-5)
 
 
-def test_traced_window_and_rows_without_visible_keys():
+@pytest.mark.parametrize("backend,T", [("triton", 33), ("mosaic_tpu", 200)])
+def test_traced_window_and_rows_without_visible_keys(backend, T):
   """One compiled program, window passed as data: 12 matches the reference;
   0 hides every key, giving zero outputs and zero (finite) gradients."""
-  q, k, v, ct = _inputs(11, 1, 33, 33, 4, 1, 16)
+  q, k, v, ct = _inputs(11, 1, T, T, 4, 1, 16)
 
   def fn(q, k, v, window):
     return kernels.flash_attention(q, k, v, sliding_window=window,
-                                   block_sizes=TINY)
+                                   backend=backend, block_sizes=TILES[backend])
 
   out, grads = _value_and_grads(fn, q, k, v, ct, jnp.int32(12))
   ref_out, ref_grads = _value_and_grads(
@@ -118,12 +135,14 @@ def test_traced_window_and_rows_without_visible_keys():
     np.testing.assert_array_equal(g, 0.0)
 
 
-def test_bf16_gqa_window_matches_fp32_reference():
-  B, T, H, K, D = 2, 50, 4, 1, 32
+@pytest.mark.parametrize("backend,T", [("triton", 50), ("mosaic_tpu", 180)])
+def test_bf16_gqa_window_matches_fp32_reference(backend, T):
+  B, H, K, D = 2, 4, 1, 32
   q, k, v, ct = _inputs(3, B, T, T, H, K, D, jnp.bfloat16)
   opts = dict(sliding_window=17, segment_ids=_packed_segments(B, T))
   out, grads = _value_and_grads(
-      functools.partial(kernels.flash_attention, block_sizes=TINY, **opts),
+      functools.partial(kernels.flash_attention, backend=backend,
+                        block_sizes=TILES[backend], **opts),
       q, k, v, ct)
   f32 = [x.astype(jnp.float32) for x in (q, k, v)]
   ref_out, ref_grads = _value_and_grads(
@@ -166,6 +185,12 @@ def test_traced_window_under_scan_matches_per_layer_static_windows():
     (dict(impl="cudnn"), "needs a GPU"),
     (dict(block_sizes=kernels.AttentionBlockSizes(block_q=24)),
      "power of two"),
+    (dict(backend="mosaic"), "unknown Pallas backend"),
+    (dict(backend="mosaic_tpu",
+          block_sizes=kernels.TpuAttentionBlockSizes(block_k=192)),
+     "block_k must be a positive multiple of 128"),
+    (dict(backend="mosaic_tpu", block_sizes=TINY),
+     "'mosaic_tpu' kernels take TpuAttentionBlockSizes"),
 ])
 def test_bad_arguments_raise_value_error(kwargs, match):
   q, k, v, _ = _inputs(0, 2, 8, 8, 4, 2, 16)

@@ -76,3 +76,20 @@ def test_tune_starts_from_the_faster_of_defaults_and_start():
   assert len(result["trials"]) == 2 and "error" in result["trials"][1]
   assert result["best_blocks"] == result["trials"][0]["blocks"]
   assert result["best_ms"] == result["default_ms"]
+
+
+def test_quick_run_of_the_mosaic_kernels_writes_json(tmp_path):
+  """--backend mosaic_tpu runs the TPU kernels (interpreted on CPU) with
+  their own tile sizes."""
+  out = tmp_path / "bench.json"
+  bench.main(["--out", str(out), "--quick", "--ops",
+              "decode_attention,token_logprobs", "--repeats", "1",
+              "--backend", "mosaic_tpu"])
+  saved = json.loads(out.read_text())
+  assert saved["pallas_backend"] == "mosaic_tpu"
+  pallas = [r for r in saved["rows"] if r["impl"] == "pallas"]
+  assert len(pallas) == 3  # decode fwd, log-probs fwd and fwd+bwd
+  assert all("error" not in r and r["ms"] > 0 for r in pallas)
+  [case] = bench.cases(quick=True, ops={"decode_attention"},
+                       backend="mosaic_tpu")
+  assert case.blocks is bench.kernels.TpuDecodeBlockSizes

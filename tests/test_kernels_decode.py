@@ -55,6 +55,16 @@ CASES = [
     ("mqa_softcap_traced_window_short_cache", (2, 7, 8, 1, 32), [7, 3],
      dict(softcap=2.0, sliding_window=jnp.int32(4)),
      kernels.DecodeBlockSizes(block_k=16, num_splits=1)),
+    # The Mosaic (TPU) kernel in the TPU interpreter: 128-slot tiles, the
+    # last one running past the cache (300 slots), blocks skipped by length
+    # and window; a cache shorter than a tile.
+    ("tpu_gqa4_unaligned", (4, 300, 8, 2, 24), [0, 300, 5, 170], dict(),
+     kernels.TpuDecodeBlockSizes(block_k=128)),
+    ("tpu_mha_window", (2, 300, 2, 2, 16), [290, 23],
+     dict(sliding_window=150), kernels.TpuDecodeBlockSizes(block_k=128)),
+    ("tpu_mqa_softcap_traced_window_short_cache", (2, 7, 8, 1, 32), [7, 3],
+     dict(softcap=2.0, sliding_window=jnp.int32(4)),
+     kernels.TpuDecodeBlockSizes()),
 ]
 
 
@@ -66,9 +76,12 @@ def test_pallas_matches_references(name, shape, lengths, opts, blocks, kv_layout
   lengths = jnp.asarray(lengths, jnp.int32)
   # The head-major layout holds the same cache, laid out [B, K, S, D].
   lay = (lambda x: x) if kv_layout == "BSKD" else (lambda x: jnp.swapaxes(x, 1, 2))
+  backend = ("mosaic_tpu" if isinstance(blocks, kernels.TpuDecodeBlockSizes)
+             else "triton")
   opts = dict(opts, kv_layout=kv_layout)
   out = jax.jit(functools.partial(kernels.decode_attention, block_sizes=blocks,
-                                  **opts))(q, lay(k), lay(v), lengths)
+                                  backend=backend, **opts))(
+                                      q, lay(k), lay(v), lengths)
   chex.assert_shape(out, q.shape)
   chex.assert_type(out, q.dtype)
   xla = kernels.decode_attention(q, lay(k), lay(v), lengths, impl="xla", **opts)
@@ -101,6 +114,9 @@ def test_decode_equals_last_row_of_causal_attention():
     (dict(softcap=0.0), "softcap must be finite and > 0"),
     (dict(block_sizes=kernels.DecodeBlockSizes(num_splits=0)), "num_splits"),
     (dict(kv_layout="SBKD"), "kv_layout must be one of"),
+    (dict(backend="mosaic_tpu",
+          block_sizes=kernels.TpuDecodeBlockSizes(block_k=100)),
+     "block_k must be a positive multiple of 128"),
 ])
 def test_bad_arguments_raise_value_error(kwargs, match):
   q, k, v = _inputs(0, 2, 16, 4, 2, 16)

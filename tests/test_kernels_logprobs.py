@@ -55,14 +55,27 @@ def _value_and_grads(impl, h, w, targets, a, b, **opts):
   return outs, grads
 
 
-@pytest.mark.parametrize("impl", ["pallas", "xla_chunked"])
+# The Mosaic (TPU) kernels in the TPU interpreter (padding reads as NaN):
+# 128-tiles, N = 200 rows in 2 blocks (padded to 256), V = 300 in 3 blocks
+# (the last one running past V).
+TPU_TINY = dict(backend="mosaic_tpu",
+                block_sizes=kernels.TpuLogprobBlockSizes(block_n=128,
+                                                         block_v=128))
+PATHS = {"pallas": (37, dict(block_sizes=TINY)),
+         "xla_chunked": (37, dict(block_sizes=TINY)),
+         "pallas_tpu": (200, TPU_TINY)}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("temperature,softcap", [(1.0, None), (0.7, 3.0)])
-def test_matches_log_softmax_and_exact_entropy(impl, temperature, softcap):
-  N, D, V = 37, 48, 300
+def test_matches_log_softmax_and_exact_entropy(path, temperature, softcap):
+  N, blocks = PATHS[path]
+  D, V = 48, 300
+  impl = "pallas" if path == "pallas_tpu" else path
   h, w, targets, a, b = _inputs(1, N, D, V)
   opts = dict(temperature=temperature, softcap=softcap)
   (logp, ent), (dh, dw) = _value_and_grads(impl, h, w, targets, a, b,
-                                           block_sizes=TINY, **opts)
+                                           **blocks, **opts)
   chex.assert_shape([logp, ent], (N,))
   chex.assert_type([logp, ent], jnp.float32)
   true_logp, true_ent = _float64_truth(h, w, targets, temperature, softcap)
@@ -89,10 +102,12 @@ def test_entropy_gradient_alone():
     _assert_close(g, rg, 1e-5)
 
 
-def test_bf16_inputs():
+@pytest.mark.parametrize("path", ["pallas", "pallas_tpu"])
+def test_bf16_inputs(path):
+  blocks = dict(block_sizes=TINY) if path == "pallas" else TPU_TINY
   h, w, targets, a, b = _inputs(3, 40, 32, 200, jnp.bfloat16)
   (logp, ent), (dh, dw) = _value_and_grads("pallas", h, w, targets, a, b,
-                                           block_sizes=TINY)
+                                           **blocks)
   f32 = [x.astype(jnp.float32) for x in (h, w)]
   (rlogp, rent), (rdh, rdw) = _value_and_grads("xla", *f32, targets, a, b)
   chex.assert_type([logp, ent], jnp.float32)
@@ -140,6 +155,11 @@ def test_temporary_memory_is_eight_times_smaller_than_naive():
     (dict(softcap=float("inf")), "softcap must be finite"),
     (dict(block_sizes=kernels.LogprobBlockSizes(block_v=100)), "power of two"),
     (dict(block_sizes=kernels.LogprobBlockSizes(chunk_v=0)), "chunk_v"),
+    (dict(backend="mosaic_tpu",
+          block_sizes=kernels.TpuLogprobBlockSizes(block_v=64)),
+     "block_v must be a positive multiple of 128"),
+    (dict(backend="mosaic_tpu", block_sizes=TINY),
+     "'mosaic_tpu' kernels take TpuLogprobBlockSizes"),
 ])
 def test_bad_arguments_raise_value_error(kwargs, match):
   h, w, targets, _, _ = _inputs(0, 4, 16, 20)

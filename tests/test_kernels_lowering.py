@@ -1,12 +1,16 @@
-"""The Pallas kernels lower to Triton for CUDA, and backend dispatch.
+"""The Pallas kernels lower to Triton for CUDA and to Mosaic for TPU, and
+backend dispatch.
 
-No GPU is needed: ``jax.export`` lowers for the ``cuda`` platform on CPU,
-which runs the Pallas -> Triton IR lowering (tile shapes, supported
-primitives, scalar operands) but not Triton's compiler. jax 0.11 asks for
-the target GPU's kind while lowering; an abstract mesh on an abstract H200
-supplies it. Jaxlibs that compile the Triton IR to PTX while lowering
-(custom call ``triton_kernel_call_ffi``) check that too with CUDA, and
-without it these tests skip.
+No GPU or TPU is needed: ``jax.export`` lowers for the ``cuda`` and ``tpu``
+platforms on CPU. For CUDA that runs the Pallas -> Triton IR lowering (tile
+shapes, supported primitives, scalar operands) but not Triton's compiler.
+jax 0.11 asks for the target GPU's kind while lowering; an abstract mesh on
+an abstract H200 supplies it. Jaxlibs that compile the Triton IR to PTX
+while lowering (custom call ``triton_kernel_call_ffi``) check that too with
+CUDA, and without it these tests skip. For TPU it runs the Pallas -> Mosaic
+lowering, which checks the block shapes against the TPU's (8, 128) tiling,
+the grid, scalar prefetch and the in-kernel primitives (on an abstract TPU
+v5p); Mosaic's own compiler, in libtpu, is not run.
 """
 
 import contextlib
@@ -27,7 +31,28 @@ _TRITON_CALLS = ("__gpu$xla.gpu.triton", "triton_kernel_call_ffi")
 @pytest.fixture
 def compiled_pallas(monkeypatch):
   """Makes impl='pallas' pick the compiled (Triton) kernels on this CPU."""
-  monkeypatch.setattr(_common, "pallas_interpret", lambda op: False)
+  monkeypatch.setattr(_common, "pallas_backend",
+                      lambda op, backend=None: ("triton", False))
+
+
+@pytest.fixture
+def compiled_mosaic(monkeypatch):
+  """Makes impl='pallas' pick the compiled Mosaic TPU kernels on this CPU."""
+  monkeypatch.setattr(_common, "pallas_backend",
+                      lambda op, backend=None: ("mosaic_tpu", False))
+
+
+def _mosaic_kernels(fn, *args):
+  """Names of the Mosaic kernels in ``fn`` exported for an abstract TPU."""
+  v5p = jax.sharding.AbstractDevice(device_kind="TPU v5p", num_cores=1,
+                                    platform="tpu")
+  target = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=v5p)
+  with jax.sharding.use_abstract_mesh(target):
+    module = jax.export.export(jax.jit(fn), platforms=["tpu"])(
+        *args).mlir_module()
+  assert module.count("@tpu_custom_call(") == len(
+      re.findall(r'kernel_name = "(\w+)"', module))
+  return sorted(re.findall(r'kernel_name = "(\w+)"', module))
 
 
 def _triton_calls(fn, *args):
@@ -102,20 +127,81 @@ def test_token_logprobs_fwd_and_bwd_lower_to_triton(compiled_pallas):
                        _spec((N,), jnp.int32)) == 2  # forward, logit grad
 
 
-def test_interpret_on_cpu_and_triton_on_gpu(monkeypatch):
-  for backend, interpret in (("cpu", True), ("gpu", False)):
-    monkeypatch.setattr(jax, "default_backend", lambda b=backend: b)
-    assert _common.pallas_interpret("op") is interpret
+@pytest.mark.parametrize("opts", [
+    dict(),
+    dict(segment_ids=True, sliding_window=True, softcap=30.0),
+    dict(causal=False),
+], ids=["causal", "segments_window_softcap", "noncausal"])
+def test_flash_attention_fwd_and_bwd_lower_to_mosaic(compiled_mosaic, opts):
+  B, T, H, K, D = 2, 4096, 8, 2, 128
+  opts = dict(opts)
+  use_seg = opts.pop("segment_ids", False)
+  use_window = opts.pop("sliding_window", False)
+
+  def loss(q, k, v, seg, window):
+    out = kernels.flash_attention(
+        q, k, v, segment_ids=seg if use_seg else None,
+        sliding_window=window if use_window else None, **opts)
+    return jnp.sum(out.astype(jnp.float32))
+
+  names = _mosaic_kernels(jax.grad(loss, argnums=(0, 1, 2)),
+                          _spec((B, T, H, D)), _spec((B, T, K, D)),
+                          _spec((B, T, K, D)), _spec((B, T), jnp.int32),
+                          _spec((), jnp.int32))
+  assert names == ["flash_attention_dkdv_tpu", "flash_attention_dq_tpu",
+                   "flash_attention_fwd_tpu"]
 
 
-def test_pallas_on_tpu_raises_a_clear_error(monkeypatch):
+@pytest.mark.parametrize("S", [4000, 96])  # tiles past the end; one tile
+def test_decode_attention_lowers_to_mosaic(compiled_mosaic, S):
+  B, H, K, D = 8, 32, 8, 128
+  cache = (B, K, S, D)
+
+  def fn(q, k, v, lengths, window):
+    return kernels.decode_attention(q, k, v, lengths, sliding_window=window,
+                                    softcap=50.0, kv_layout="BKSD")
+
+  assert _mosaic_kernels(fn, _spec((B, H, D)), _spec(cache), _spec(cache),
+                         _spec((B,), jnp.int32), _spec((), jnp.int32)) == [
+                             "decode_attention_tpu"]
+
+
+@pytest.mark.parametrize("N, V", [(8192, 128256), (100, 50)])
+def test_token_logprobs_fwd_and_bwd_lower_to_mosaic(compiled_mosaic, N, V):
+  D = 2048
+
+  def loss(h, w, targets):
+    logp, ent = kernels.token_logprobs(h, w, targets, temperature=0.9,
+                                       softcap=30.0)
+    return jnp.sum(logp) + jnp.sum(ent)
+
+  names = _mosaic_kernels(jax.grad(loss, argnums=(0, 1)), _spec((N, D)),
+                          _spec((D, V)), _spec((N,), jnp.int32))
+  assert names == ["token_logprobs_dh_tpu", "token_logprobs_dw_tpu",
+                   "token_logprobs_fwd_tpu"]
+
+
+@pytest.mark.parametrize("platform, backend, expected", [
+    ("cpu", None, ("triton", True)),
+    ("cpu", "mosaic_tpu", ("mosaic_tpu", True)),
+    ("gpu", None, ("triton", False)),
+    ("cuda", "triton", ("triton", False)),
+    ("tpu", None, ("mosaic_tpu", False)),
+])
+def test_pallas_backend_follows_the_platform(monkeypatch, platform, backend,
+                                             expected):
+  monkeypatch.setattr(jax, "default_backend", lambda: platform)
+  assert _common.pallas_backend("op", backend) == expected
+
+
+def test_pallas_backend_of_another_platform_raises_a_clear_error(monkeypatch):
   monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
   q = jnp.zeros((1, 16, 2, 16))
-  h = q[0, :, 0]
-  with pytest.raises(ValueError, match="no Mosaic kernel.*impl='xla'"):
-    kernels.flash_attention(q, q, q)
-  with pytest.raises(ValueError, match="no Mosaic kernel"):
-    kernels.token_logprobs(h, h, jnp.zeros((16,), jnp.int32))
+  with pytest.raises(ValueError, match="'triton' kernels do not compile on"):
+    kernels.flash_attention(q, q, q, backend="triton")
+  monkeypatch.setattr(jax, "default_backend", lambda: "metal")
+  with pytest.raises(ValueError, match="no kernels for platform.*impl='xla'"):
+    kernels.token_logprobs(q[0, :, 0], q[0, :, 0], jnp.zeros((16,), jnp.int32))
 
 
 @pytest.mark.parametrize("setting, expected", [
@@ -133,6 +219,12 @@ def test_kernel_dots_follow_default_matmul_precision(setting, expected):
           lambda h: kernels.token_logprobs(h, w, t)[0].sum())(h),
       "decode": lambda: kernels.decode_attention(
           q[:, 0], q, q, jnp.array([5], jnp.int32)),
+      "flash_tpu": lambda: jax.grad(lambda q: kernels.flash_attention(
+          q, q, q, backend="mosaic_tpu").sum())(q),
+      "logprobs_tpu": lambda: jax.grad(lambda h: kernels.token_logprobs(
+          h, w, t, backend="mosaic_tpu")[0].sum())(h),
+      "decode_tpu": lambda: kernels.decode_attention(
+          q[:, 0], q, q, jnp.array([5], jnp.int32), backend="mosaic_tpu"),
   }
   for name, fn in fns.items():
     with (contextlib.nullcontext() if setting is None

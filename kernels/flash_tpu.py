@@ -1,0 +1,452 @@
+"""Flash attention for TPU: Pallas Mosaic forward, dQ and dK/dV kernels.
+
+The algorithm is that of the Triton kernels in :mod:`flash`
+(FlashAttention-2 with the online softmax), with the same masking and
+block-skipping rules (:mod:`attention_rules`); the layout follows Mosaic's
+rules:
+
+* operands are head-major ``[B, H, T, D]`` (the wrapper transposes; a block's
+  last two dims must be multiples of ``(8, 128)`` or whole), with the head
+  dim whole and sequence tiles that are multiples of 128;
+* the key blocks are the innermost grid dimension, marked ``"arbitrary"``:
+  the running max, denominator and output live in VMEM scratch across it,
+  initialised at the first key block and written out at the last. Blocks a
+  query tile cannot see are skipped, and their index map repeats the last
+  visible block, so Mosaic's pipeline does not fetch them again;
+* per-row statistics (``lse``, ``delta``) and query segment ids are stored
+  broadcast over 128 lanes (``[..., T, 128]``) and key segment ids over 8
+  sublanes (``[B, 8, S]``), so no block has a minor dimension of 1;
+* the sliding window is a scalar-prefetch operand (SMEM), so index maps can
+  skip blocks outside it.
+
+dK/dV runs on grid ``(B, K, key blocks, H // K, query blocks)``: the query
+heads that share a key/value head and the query blocks are both reduction
+dimensions, so GQA accumulates into one dK/dV tile.
+
+On CPU these kernels run in Mosaic's TPU interpret mode
+(``pltpu.InterpretParams``), which fills out-of-bounds and uninitialised
+memory with NaN, so masking mistakes show up in the tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from agentic_rl.kernels import _common
+from agentic_rl.kernels import attention_rules as rules
+from agentic_rl.kernels import reference
+
+_SQ = _common.SQUEEZED
+LANES, SUBLANES = _common.TPU_LANES, _common.TPU_SUBLANES
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuAttentionBlockSizes:
+  """Sequence tiles of the Mosaic kernels (multiples of 128; clipped to the
+  sequence rounded up to 128). Same roles as in :class:`AttentionBlockSizes`.
+  """
+  block_q: int = 512
+  block_k: int = 512
+  block_q_dq: int = 256
+  block_k_dq: int = 512
+  block_q_dkv: int = 256
+  block_k_dkv: int = 512
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+  """What the kernels specialise on (the fields :mod:`attention_rules`
+  reads have the same names as in :mod:`flash`'s config)."""
+  causal: bool
+  softcap: float | None
+  scale: float
+  has_segments: bool
+  has_window: bool
+  T: int
+  S: int
+  Tp: int
+  Sp: int
+  groups: int
+  bq: int
+  bk: int
+  bq_dq: int
+  bk_dq: int
+  bq_dkv: int
+  bk_dkv: int
+  interpret: bool
+
+
+def make_config(q_shape, k_shape, *, causal, softcap, has_segments,
+                has_window, blocks: TpuAttentionBlockSizes,
+                interpret) -> _Config:
+  _, T, H, D = q_shape
+  S, K = k_shape[1], k_shape[2]
+  tile = functools.partial(_common.tpu_tile, owner="TpuAttentionBlockSizes")
+  bq, bq_dq, bq_dkv = (tile(getattr(blocks, n), T, n)
+                       for n in ("block_q", "block_q_dq", "block_q_dkv"))
+  bk, bk_dq, bk_dkv = (tile(getattr(blocks, n), S, n)
+                       for n in ("block_k", "block_k_dq", "block_k_dkv"))
+  return _Config(
+      causal=causal, softcap=softcap, scale=float(D) ** -0.5,
+      has_segments=has_segments, has_window=has_window, T=T, S=S,
+      Tp=_common.round_up(T, math.lcm(bq, bq_dq, bq_dkv)),
+      Sp=_common.round_up(S, math.lcm(bk, bk_dq, bk_dkv)), groups=H // K,
+      bq=bq, bk=bk, bq_dq=bq_dq, bk_dq=bk_dq, bq_dkv=bq_dkv, bk_dkv=bk_dkv,
+      interpret=interpret)
+
+
+# --------------------------------------------------------------------------
+# Shared in-kernel pieces.
+
+
+def _window(cfg: _Config, win_ref):
+  return win_ref[0] if cfg.has_window else None
+
+
+def _mask(cfg: _Config, q_start, k_start, bq, bk, qs_ref, ks_ref, window):
+  """Boolean ``[bq, bk]`` visibility of one tile (2-D iotas, as Mosaic
+  wants)."""
+  q_pos = q_start + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+  k_pos = k_start + lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
+  q_seg = k_seg = None
+  if qs_ref is not None:  # [bq, LANES] and [SUBLANES, bk]
+    q_seg, k_seg = qs_ref[...][:, :1], ks_ref[...][:1, :]
+  return rules.visible(cfg, q_pos, k_pos, q_seg, k_seg, window, (bq, bk))
+
+
+def _when_visible(cfg: _Config, j, ranges, full_ranges, step):
+  """Runs ``step(masked)`` if block ``j`` is in ``[lo, hi)``: unmasked when
+  the block is fully visible, masked otherwise."""
+  lo, hi = ranges
+  run = (j >= lo) & (j < hi)
+  if not rules.needs_mask(cfg):
+    pl.when(run)(lambda: step(False))
+    return
+  full = full_ranges()
+  if full is None:
+    pl.when(run)(lambda: step(True))
+    return
+  full_lo, full_hi = full
+  is_full = (j >= full_lo) & (j < full_hi)
+  pl.when(run & is_full)(lambda: step(False))
+  pl.when(run & jnp.logical_not(is_full))(lambda: step(True))
+
+
+def _clamp(j, lo, hi):
+  """Block index for the index maps: skipped blocks repeat a visible one."""
+  return jnp.clip(j, lo, jnp.maximum(hi - 1, lo))
+
+
+def _rows(x_ref):
+  """A lane-broadcast ``[rows, LANES]`` statistic as ``[rows, 1]``."""
+  return x_ref[...][:, :1]
+
+
+def _specs_and_args(cfg, q_seg, k_seg, q_rows, k_cols):
+  """Block specs and operands for the segment ids, if any."""
+  if not cfg.has_segments:
+    return [], []
+  return ([pl.BlockSpec(*q_rows), pl.BlockSpec(*k_cols)], [q_seg, k_seg])
+
+
+def _split(cfg, refs, n_main):
+  refs = list(refs)
+  main, rest = refs[:n_main], refs[n_main:]
+  qs = ks = None
+  if cfg.has_segments:
+    qs, ks, *rest = rest
+  return main, qs, ks, rest
+
+
+def _params(*semantics):
+  return pltpu.CompilerParams(dimension_semantics=semantics)
+
+
+# --------------------------------------------------------------------------
+# Forward.
+
+
+def _fwd_kernel(win_ref, *refs, cfg: _Config):
+  (q_ref, k_ref, v_ref), qs_ref, ks_ref, (o_ref, lse_ref, m_scr, l_scr,
+                                          acc_scr) = _split(cfg, refs, 3)
+  bq, bk = cfg.bq, cfg.bk
+  i, j = pl.program_id(2), pl.program_id(3)
+  q_start, k_start = i * bq, j * bk
+  window = _window(cfg, win_ref)
+
+  @pl.when(j == 0)
+  def _init():
+    m_scr[...] = jnp.full(m_scr.shape, _common.MASKED, jnp.float32)
+    l_scr[...] = jnp.zeros(l_scr.shape, jnp.float32)
+    acc_scr[...] = jnp.zeros(acc_scr.shape, jnp.float32)
+
+  def step(masked):
+    s, _ = rules.logits(cfg, q_ref[...], k_ref[...])
+    mask = (_mask(cfg, q_start, k_start, bq, bk, qs_ref, ks_ref, window)
+            if masked else None)
+    carry = (acc_scr[...], _rows(m_scr), _rows(l_scr))
+    acc, m, l = _common.online_softmax_step(carry, s, mask, v_ref[...],
+                                            keepdims=True)
+    acc_scr[...] = acc
+    m_scr[...] = jnp.broadcast_to(m, m_scr.shape)
+    l_scr[...] = jnp.broadcast_to(l, l_scr.shape)
+
+  _when_visible(
+      cfg, j, rules.key_blocks(cfg, q_start, bq, bk, window),
+      lambda: rules.full_key_blocks(cfg, q_start, bq, bk, window), step)
+
+  @pl.when(j == pl.num_programs(3) - 1)
+  def _finish():
+    l = l_scr[...]
+    seen = l > 0.0
+    l_safe = jnp.where(seen, l, 1.0)
+    o_ref[...] = (acc_scr[...] / l_safe[:, :1]).astype(o_ref.dtype)
+    lse_ref[...] = jnp.where(seen, m_scr[...] + jnp.log(l_safe), 0.0)
+
+
+def _kv_index(cfg, bq, bk):
+  """Index map of a key/value tile on a (b, h, q block, k block) grid."""
+  def index(b, h, i, j, win_ref):
+    window = _window(cfg, win_ref)
+    lo, hi = rules.key_blocks(cfg, i * bq, bq, bk, window)
+    return b, h // cfg.groups, _clamp(j, lo, hi), 0
+  return index
+
+
+def _forward(cfg: _Config, q, k, v, q_seg, k_seg, window):
+  """Head-major padded operands -> (out ``[B, H, Tp, D]``, lse lanes)."""
+  B, H, _, D = q.shape
+  bq, bk = cfg.bq, cfg.bk
+  kv_index = _kv_index(cfg, bq, bk)
+
+  def seg_k(b, h, i, j, win_ref):
+    return b, 0, kv_index(b, h, i, j, win_ref)[2]
+
+  extra_specs, extra = _specs_and_args(
+      cfg, q_seg, k_seg,
+      ((_SQ, bq, LANES), lambda b, h, i, j, w: (b, i, 0)),
+      ((_SQ, SUBLANES, bk), seg_k))
+  q_block = pl.BlockSpec((_SQ, _SQ, bq, D), lambda b, h, i, j, w: (b, h, i, 0))
+  grid_spec = pltpu.PrefetchScalarGridSpec(
+      num_scalar_prefetch=1,
+      grid=(B, H, cfg.Tp // bq, cfg.Sp // bk),
+      in_specs=[q_block, pl.BlockSpec((_SQ, _SQ, bk, D), kv_index),
+                pl.BlockSpec((_SQ, _SQ, bk, D), kv_index)] + extra_specs,
+      out_specs=[q_block, pl.BlockSpec((_SQ, _SQ, bq, LANES),
+                                       lambda b, h, i, j, w: (b, h, i, 0))],
+      scratch_shapes=[pltpu.VMEM((bq, LANES), jnp.float32),
+                      pltpu.VMEM((bq, LANES), jnp.float32),
+                      pltpu.VMEM((bq, D), jnp.float32)])
+  return pl.pallas_call(
+      functools.partial(_fwd_kernel, cfg=cfg),
+      grid_spec=grid_spec,
+      out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+                 jax.ShapeDtypeStruct((B, H, cfg.Tp, LANES), jnp.float32)],
+      compiler_params=_params("parallel", "parallel", "parallel", "arbitrary"),
+      interpret=_common.tpu_interpret(cfg.interpret),
+      name="flash_attention_fwd_tpu",
+  )(window, q, k, v, *extra)
+
+
+# --------------------------------------------------------------------------
+# Backward.
+
+
+def _probs_and_ds(cfg, q, k, v, do, lse, delta, mask):
+  """``P = exp(S - lse)`` and ``dS`` (before the scale) for one tile."""
+  s, t = rules.logits(cfg, q, k)
+  p = jnp.exp(s - lse)
+  if mask is not None:
+    p = jnp.where(mask, p, 0.0)
+  ds = p * (_common.dot_nt(do, v) - delta)
+  if t is not None:
+    ds = ds * (1.0 - t * t)
+  return p, ds
+
+
+def _dq_kernel(win_ref, *refs, cfg: _Config):
+  (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref), qs_ref, ks_ref, (
+      dq_ref, dq_scr) = _split(cfg, refs, 6)
+  bq, bk = cfg.bq_dq, cfg.bk_dq
+  i, j = pl.program_id(2), pl.program_id(3)
+  q_start, k_start = i * bq, j * bk
+  window = _window(cfg, win_ref)
+
+  @pl.when(j == 0)
+  def _init():
+    dq_scr[...] = jnp.zeros(dq_scr.shape, jnp.float32)
+
+  def step(masked):
+    mask = (_mask(cfg, q_start, k_start, bq, bk, qs_ref, ks_ref, window)
+            if masked else None)
+    k = k_ref[...]
+    _, ds = _probs_and_ds(cfg, q_ref[...], k, v_ref[...], do_ref[...],
+                          _rows(lse_ref), _rows(delta_ref), mask)
+    dq_scr[...] += _common.dot_nn(ds.astype(k.dtype), k)
+
+  _when_visible(
+      cfg, j, rules.key_blocks(cfg, q_start, bq, bk, window),
+      lambda: rules.full_key_blocks(cfg, q_start, bq, bk, window), step)
+
+  @pl.when(j == pl.num_programs(3) - 1)
+  def _finish():
+    dq_ref[...] = (dq_scr[...] * cfg.scale).astype(dq_ref.dtype)
+
+
+def _dkdv_kernel(win_ref, *refs, cfg: _Config):
+  (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref), qs_ref, ks_ref, (
+      dk_ref, dv_ref, dk_scr, dv_scr) = _split(cfg, refs, 6)
+  bq, bk = cfg.bq_dkv, cfg.bk_dkv
+  j, g, i = pl.program_id(2), pl.program_id(3), pl.program_id(4)
+  q_start, k_start = i * bq, j * bk
+  window = _window(cfg, win_ref)
+
+  @pl.when((g == 0) & (i == 0))
+  def _init():
+    dk_scr[...] = jnp.zeros(dk_scr.shape, jnp.float32)
+    dv_scr[...] = jnp.zeros(dv_scr.shape, jnp.float32)
+
+  def step(masked):
+    mask = (_mask(cfg, q_start, k_start, bq, bk, qs_ref, ks_ref, window)
+            if masked else None)
+    q, do = q_ref[...], do_ref[...]
+    p, ds = _probs_and_ds(cfg, q, k_ref[...], v_ref[...], do, _rows(lse_ref),
+                          _rows(delta_ref), mask)
+    dv_scr[...] += _common.dot_tn(p.astype(do.dtype), do)
+    dk_scr[...] += _common.dot_tn(ds.astype(q.dtype), q)
+
+  _when_visible(
+      cfg, i, rules.query_blocks(cfg, k_start, bk, bq, window),
+      lambda: rules.full_query_blocks(cfg, k_start, bk, bq, window), step)
+
+  @pl.when((g == pl.num_programs(3) - 1) & (i == pl.num_programs(4) - 1))
+  def _finish():
+    dk_ref[...] = (dk_scr[...] * cfg.scale).astype(dk_ref.dtype)
+    dv_ref[...] = dv_scr[...].astype(dv_ref.dtype)
+
+
+def _backward(cfg: _Config, q, k, v, do, lse, delta, q_seg, k_seg, window):
+  B, H, _, D = q.shape
+  K = k.shape[1]
+  G = cfg.groups
+  interpret = _common.tpu_interpret(cfg.interpret)
+
+  # dQ: grid (b, h, query block, key block).
+  bq, bk = cfg.bq_dq, cfg.bk_dq
+  kv_index = _kv_index(cfg, bq, bk)
+  q_tile = pl.BlockSpec((_SQ, _SQ, bq, D), lambda b, h, i, j, w: (b, h, i, 0))
+  row = pl.BlockSpec((_SQ, _SQ, bq, LANES), lambda b, h, i, j, w: (b, h, i, 0))
+  kv = pl.BlockSpec((_SQ, _SQ, bk, D), kv_index)
+  extra_specs, extra = _specs_and_args(
+      cfg, q_seg, k_seg,
+      ((_SQ, bq, LANES), lambda b, h, i, j, w: (b, i, 0)),
+      ((_SQ, SUBLANES, bk),
+       lambda b, h, i, j, w: (b, 0, kv_index(b, h, i, j, w)[2])))
+  dq = pl.pallas_call(
+      functools.partial(_dq_kernel, cfg=cfg),
+      grid_spec=pltpu.PrefetchScalarGridSpec(
+          num_scalar_prefetch=1, grid=(B, H, cfg.Tp // bq, cfg.Sp // bk),
+          in_specs=[q_tile, kv, kv, q_tile, row, row] + extra_specs,
+          out_specs=q_tile,
+          scratch_shapes=[pltpu.VMEM((bq, D), jnp.float32)]),
+      out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+      compiler_params=_params("parallel", "parallel", "parallel", "arbitrary"),
+      interpret=interpret, name="flash_attention_dq_tpu",
+  )(window, q, k, v, do, lse, delta, *extra)
+
+  # dK/dV: grid (b, kv head, key block, query head in group, query block).
+  bq, bk = cfg.bq_dkv, cfg.bk_dkv
+
+  def q_index(b, kh, j, g, i, win_ref):
+    lo, hi = rules.query_blocks(cfg, j * bk, bk, bq, _window(cfg, win_ref))
+    return b, kh * G + g, _clamp(i, lo, hi), 0
+
+  q_tile = pl.BlockSpec((_SQ, _SQ, bq, D), q_index)
+  row = pl.BlockSpec((_SQ, _SQ, bq, LANES), q_index)
+  kv = pl.BlockSpec((_SQ, _SQ, bk, D), lambda b, kh, j, g, i, w: (b, kh, j, 0))
+  extra_specs, extra = _specs_and_args(
+      cfg, q_seg, k_seg,
+      ((_SQ, bq, LANES),
+       lambda b, kh, j, g, i, w: (b, q_index(b, kh, j, g, i, w)[2], 0)),
+      ((_SQ, SUBLANES, bk), lambda b, kh, j, g, i, w: (b, 0, j)))
+  dk, dv = pl.pallas_call(
+      functools.partial(_dkdv_kernel, cfg=cfg),
+      grid_spec=pltpu.PrefetchScalarGridSpec(
+          num_scalar_prefetch=1, grid=(B, K, cfg.Sp // bk, G, cfg.Tp // bq),
+          in_specs=[q_tile, kv, kv, q_tile, row, row] + extra_specs,
+          out_specs=[kv, kv],
+          scratch_shapes=[pltpu.VMEM((bk, D), jnp.float32),
+                          pltpu.VMEM((bk, D), jnp.float32)]),
+      out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
+                 jax.ShapeDtypeStruct(v.shape, v.dtype)],
+      compiler_params=_params("parallel", "parallel", "parallel", "arbitrary",
+                              "arbitrary"),
+      interpret=interpret, name="flash_attention_dkdv_tpu",
+  )(window, q, k, v, do, lse, delta, *extra)
+  return dq, dk, dv
+
+
+# --------------------------------------------------------------------------
+# custom_vjp: transposes to head-major and pads on the way in.
+
+
+def _heads_major(x, length):
+  """``[B, T, H, D]`` -> ``[B, H, length, D]`` (zero-padded)."""
+  return _common.pad_axis(jnp.swapaxes(x, 1, 2), 2, length)
+
+
+def _operands(cfg: _Config, q, k, v, segment_ids, window):
+  q_seg = k_seg = None
+  if segment_ids is not None:
+    q_seg = jnp.broadcast_to(
+        _common.pad_axis(segment_ids, 1, cfg.Tp)[:, :, None],
+        (q.shape[0], cfg.Tp, LANES))
+    k_seg = jnp.broadcast_to(
+        _common.pad_axis(segment_ids, 1, cfg.Sp)[:, None, :],
+        (q.shape[0], SUBLANES, cfg.Sp))
+  if window is None:
+    window = jnp.asarray(reference.NO_WINDOW, jnp.int32)
+  return (_heads_major(q, cfg.Tp), _heads_major(k, cfg.Sp),
+          _heads_major(v, cfg.Sp), q_seg, k_seg, window.reshape(1))
+
+
+def _fwd_impl(cfg, q, k, v, segment_ids, window):
+  qh, kh, vh, q_seg, k_seg, w = _operands(cfg, q, k, v, segment_ids, window)
+  out, lse = _forward(cfg, qh, kh, vh, q_seg, k_seg, w)
+  return jnp.swapaxes(out[:, :, :cfg.T], 1, 2), lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def attention(cfg: _Config, q, k, v, segment_ids, window):
+  """``[B, T, H, D]`` attention through the Mosaic kernels (see module)."""
+  return _fwd_impl(cfg, q, k, v, segment_ids, window)[0]
+
+
+def _attention_fwd(cfg, q, k, v, segment_ids, window):
+  out, lse = _fwd_impl(cfg, q, k, v, segment_ids, window)
+  return out, (q, k, v, segment_ids, window, out, lse)
+
+
+def _attention_bwd(cfg, res, d_out):
+  q, k, v, segment_ids, window, out, lse = res
+  d_out = d_out.astype(q.dtype)
+  delta = jnp.einsum("bthd,bthd->bht", out.astype(jnp.float32),
+                     d_out.astype(jnp.float32))
+  delta = jnp.broadcast_to(_common.pad_axis(delta, 2, cfg.Tp)[..., None],
+                           lse.shape)
+  qh, kh, vh, q_seg, k_seg, w = _operands(cfg, q, k, v, segment_ids, window)
+  dq, dk, dv = _backward(cfg, qh, kh, vh, _heads_major(d_out, cfg.Tp), lse,
+                         delta, q_seg, k_seg, w)
+  back = lambda x, n: jnp.swapaxes(x[:, :, :n], 1, 2)
+  return back(dq, cfg.T), back(dk, cfg.S), back(dv, cfg.S), None, None
+
+
+attention.defvjp(_attention_fwd, _attention_bwd)
