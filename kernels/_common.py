@@ -3,8 +3,8 @@
 ``impl="pallas"`` runs one of two kernel families (:func:`pallas_backend`):
 ``"triton"`` kernels (written for GPU) or ``"mosaic_tpu"`` kernels (TPU
 layout and pipelining: ``*_tpu.py``). The platform picks the family (GPU:
-Triton, TPU: Mosaic); on CPU either family runs interpreted, Triton by
-default, so tests of both run everywhere. In-kernel dots take their
+Triton, TPU: Mosaic, CPU: Triton) unless ``backend=`` names one; a family
+runs interpreted off its own platform, so tests of both run on CPU. In-kernel dots take their
 precision from ``jax_default_matmul_precision`` (:func:`dot_precision`).
 """
 
@@ -41,24 +41,21 @@ def check_impl(op: str, impl: str, allowed: tuple[str, ...]) -> None:
 def pallas_backend(op: str, backend: str | None = None) -> tuple[str, bool]:
   """``(kernel family, interpret)`` for ``impl="pallas"`` on this platform.
 
-  ``backend=None`` takes the platform's family (CPU: Triton). On CPU any
-  family runs interpreted; on an accelerator only its own family compiles.
+  ``backend=None`` takes the platform's family (GPU: Triton, TPU: Mosaic,
+  CPU: Triton). A family compiles on its own platform and runs interpreted
+  anywhere else (so Mosaic TPU kernels can be debugged on CPU or GPU).
   """
   platform = jax.default_backend()
   if backend is not None and backend not in BACKENDS:
     raise ValueError(f"{op}: unknown Pallas backend {backend!r}; expected one "
                      f"of {BACKENDS} or None (the platform's)")
-  if platform == "cpu":
-    return backend or "triton", True
   native = _PLATFORM_BACKEND.get(platform)
-  if native is None:
-    raise ValueError(f"{op}: impl='pallas' has no kernels for platform "
-                     f"{platform!r}. Use impl='xla'.")
-  if backend not in (None, native):
-    raise ValueError(f"{op}: backend {backend!r} kernels do not compile on "
-                     f"{platform!r} (its kernels are {native!r}); they run "
-                     f"interpreted on CPU only")
-  return native, False
+  if backend is None:
+    if native is None and platform != "cpu":
+      raise ValueError(f"{op}: impl='pallas' has no kernels for platform "
+                       f"{platform!r}. Use impl='xla'.")
+    backend = native or "triton"
+  return backend, backend != native
 
 
 def tpu_interpret(interpret: bool):
