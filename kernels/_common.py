@@ -4,8 +4,9 @@
 ``"triton"`` kernels (written for GPU) or ``"mosaic_tpu"`` kernels (TPU
 layout and pipelining: ``*_tpu.py``). The platform picks the family (GPU:
 Triton, TPU: Mosaic, CPU: Triton) unless ``backend=`` names one; a family
-runs interpreted off its own platform, so tests of both run on CPU. In-kernel dots take their
-precision from ``jax_default_matmul_precision`` (:func:`dot_precision`).
+runs interpreted off its own platform, so tests of both run on CPU. In-kernel
+dots take their precision from ``jax_default_matmul_precision``
+(:func:`dot_precision`).
 """
 
 from __future__ import annotations

@@ -164,7 +164,8 @@ def _attention_cases(backend, B, T, H, K, D, dtype, window=None):
                              block_sizes=blocks, backend=backend)
 
   return _fwd_and_bwd_cases(
-      "flash_attention", shape, dtype, (q, k, v), backend, attend, lambda out: jnp.sum(out.astype(jnp.float32)), (0, 1, 2),
+      "flash_attention", shape, dtype, (q, k, v), backend, attend,
+      lambda out: jnp.sum(out.astype(jnp.float32)), (0, 1, 2),
       flops=fwd_flops, bwd_flops=3.5 * fwd_flops)
 
 

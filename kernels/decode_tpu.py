@@ -37,6 +37,7 @@ class TpuDecodeBlockSizes:
   """Cache tile of the Mosaic kernel: a multiple of 128 (a cache of at most
   ``block_k`` slots is one tile)."""
   block_k: int = 512
+  vmem_limit_bytes: int | None = None  # None: Mosaic's scoped default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +47,7 @@ class _Config:
   has_window: bool
   S: int
   bk: int
+  vmem_limit_bytes: int | None
   interpret: bool
 
 
@@ -55,7 +57,7 @@ def make_config(q_shape, S, *, softcap, has_window,
                         owner="TpuDecodeBlockSizes")
   return _Config(softcap=softcap, scale=float(q_shape[-1]) ** -0.5,
                  has_window=has_window, S=S, bk=S if S <= bk else bk,
-                 interpret=interpret)
+                 vmem_limit_bytes=blocks.vmem_limit_bytes, interpret=interpret)
 
 
 def _visible_blocks(cfg: _Config, length, window):
@@ -130,7 +132,8 @@ def attention(cfg: _Config, q_BxKxGxD, k_BxKxSxD, v_BxKxSxD, lengths_B,
                           pltpu.VMEM((G, D), jnp.float32)]),
       out_shape=jax.ShapeDtypeStruct(q_BxKxGxD.shape, q_BxKxGxD.dtype),
       compiler_params=pltpu.CompilerParams(
-          dimension_semantics=("parallel", "parallel", "arbitrary")),
+          dimension_semantics=("parallel", "parallel", "arbitrary"),
+          vmem_limit_bytes=cfg.vmem_limit_bytes),
       interpret=_common.tpu_interpret(cfg.interpret),
       name="decode_attention_tpu",
   )(lengths_B, window.reshape(1), q_BxKxGxD, k_BxKxSxD, v_BxKxSxD)

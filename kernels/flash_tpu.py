@@ -59,6 +59,7 @@ class TpuAttentionBlockSizes:
   block_k_dq: int = 512
   block_q_dkv: int = 256
   block_k_dkv: int = 512
+  vmem_limit_bytes: int | None = None  # None: Mosaic's scoped default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +82,7 @@ class _Config:
   bk_dq: int
   bq_dkv: int
   bk_dkv: int
+  vmem_limit_bytes: int | None
   interpret: bool
 
 
@@ -100,7 +102,7 @@ def make_config(q_shape, k_shape, *, causal, softcap, has_segments,
       Tp=_common.round_up(T, math.lcm(bq, bq_dq, bq_dkv)),
       Sp=_common.round_up(S, math.lcm(bk, bk_dq, bk_dkv)), groups=H // K,
       bq=bq, bk=bk, bq_dq=bq_dq, bk_dq=bk_dq, bq_dkv=bq_dkv, bk_dkv=bk_dkv,
-      interpret=interpret)
+      vmem_limit_bytes=blocks.vmem_limit_bytes, interpret=interpret)
 
 
 # --------------------------------------------------------------------------
@@ -166,8 +168,9 @@ def _split(cfg, refs, n_main):
   return main, qs, ks, rest
 
 
-def _params(*semantics):
-  return pltpu.CompilerParams(dimension_semantics=semantics)
+def _params(cfg: _Config, *semantics):
+  return pltpu.CompilerParams(dimension_semantics=semantics,
+                              vmem_limit_bytes=cfg.vmem_limit_bytes)
 
 
 # --------------------------------------------------------------------------
@@ -250,7 +253,8 @@ def _forward(cfg: _Config, q, k, v, q_seg, k_seg, window):
       grid_spec=grid_spec,
       out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                  jax.ShapeDtypeStruct((B, H, cfg.Tp, LANES), jnp.float32)],
-      compiler_params=_params("parallel", "parallel", "parallel", "arbitrary"),
+      compiler_params=_params(cfg, "parallel", "parallel", "parallel",
+                              "arbitrary"),
       interpret=_common.tpu_interpret(cfg.interpret),
       name="flash_attention_fwd_tpu",
   )(window, q, k, v, *extra)
@@ -358,7 +362,8 @@ def _backward(cfg: _Config, q, k, v, do, lse, delta, q_seg, k_seg, window):
           out_specs=q_tile,
           scratch_shapes=[pltpu.VMEM((bq, D), jnp.float32)]),
       out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-      compiler_params=_params("parallel", "parallel", "parallel", "arbitrary"),
+      compiler_params=_params(cfg, "parallel", "parallel", "parallel",
+                              "arbitrary"),
       interpret=interpret, name="flash_attention_dq_tpu",
   )(window, q, k, v, do, lse, delta, *extra)
 
@@ -387,8 +392,8 @@ def _backward(cfg: _Config, q, k, v, do, lse, delta, q_seg, k_seg, window):
                           pltpu.VMEM((bk, D), jnp.float32)]),
       out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
                  jax.ShapeDtypeStruct(v.shape, v.dtype)],
-      compiler_params=_params("parallel", "parallel", "parallel", "arbitrary",
-                              "arbitrary"),
+      compiler_params=_params(cfg, "parallel", "parallel", "parallel",
+                              "arbitrary", "arbitrary"),
       interpret=interpret, name="flash_attention_dkdv_tpu",
   )(window, q, k, v, do, lse, delta, *extra)
   return dq, dk, dv

@@ -43,9 +43,15 @@ LANES = _common.TPU_LANES
 @dataclasses.dataclass(frozen=True)
 class TpuLogprobBlockSizes:
   """Row and vocabulary tiles of the Mosaic kernels (multiples of 128; a
-  dimension no larger than its tile is one tile)."""
+  dimension no larger than its tile is one tile). Tiles hold the whole
+  hidden dim: the dW kernel keeps ``h [bn, D]``, ``W [D, bv]`` (both double
+  buffered), an fp32 ``[D, bv]`` accumulator and its output tile in VMEM,
+  about 16 MiB at D = 4096 in bf16 with the defaults, which may exceed the
+  default scoped VMEM limit: raise ``vmem_limit_bytes`` or shrink the tiles
+  for larger D."""
   block_n: int = 256
-  block_v: int = 512
+  block_v: int = 256
+  vmem_limit_bytes: int | None = None  # None: Mosaic's scoped default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +62,7 @@ class _Config:
   Np: int  # rows padded to a multiple of bn
   bn: int
   bv: int
+  vmem_limit_bytes: int | None
   interpret: bool
 
 
@@ -68,7 +75,7 @@ def make_config(N, V, *, temperature, softcap, blocks: TpuLogprobBlockSizes,
     bn = _common.round_up(N, _common.TPU_SUBLANES)
   return _Config(inv_temperature=1.0 / temperature, softcap=softcap, V=V,
                  Np=_common.round_up(N, bn), bn=bn, bv=V if V <= bv else bv,
-                 interpret=interpret)
+                 vmem_limit_bytes=blocks.vmem_limit_bytes, interpret=interpret)
 
 
 def _tile(cfg: _Config, h_ref, w_ref, j):
@@ -163,7 +170,9 @@ def _call(cfg: _Config, kernel, name, grid, in_specs, out_specs, out_shape,
       functools.partial(kernel, cfg=cfg), grid=grid, in_specs=in_specs,
       out_specs=out_specs, out_shape=out_shape,
       scratch_shapes=[pltpu.VMEM(s, jnp.float32) for s in scratch],
-      compiler_params=pltpu.CompilerParams(dimension_semantics=semantics),
+      compiler_params=pltpu.CompilerParams(
+          dimension_semantics=semantics,
+          vmem_limit_bytes=cfg.vmem_limit_bytes),
       interpret=_common.tpu_interpret(cfg.interpret), name=name)
 
 

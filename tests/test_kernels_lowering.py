@@ -42,8 +42,9 @@ def compiled_mosaic(monkeypatch):
                       lambda op, backend=None: ("mosaic_tpu", False))
 
 
-def _mosaic_kernels(fn, *args):
-  """Names of the Mosaic kernels in ``fn`` exported for an abstract TPU."""
+def _mosaic_kernels(fn, *args, module_text=False):
+  """Names of the Mosaic kernels in ``fn`` exported for an abstract TPU (and
+  the exported module's text)."""
   v5p = jax.sharding.AbstractDevice(device_kind="TPU v5p", num_cores=1,
                                     platform="tpu")
   target = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=v5p)
@@ -52,7 +53,8 @@ def _mosaic_kernels(fn, *args):
         *args).mlir_module()
   assert module.count("@tpu_custom_call(") == len(
       re.findall(r'kernel_name = "(\w+)"', module))
-  return sorted(re.findall(r'kernel_name = "(\w+)"', module))
+  names = sorted(re.findall(r'kernel_name = "(\w+)"', module))
+  return (names, module) if module_text else names
 
 
 def _triton_calls(fn, *args):
@@ -170,15 +172,20 @@ def test_decode_attention_lowers_to_mosaic(compiled_mosaic, S):
 def test_token_logprobs_fwd_and_bwd_lower_to_mosaic(compiled_mosaic, N, V):
   D = 2048
 
+  limit = 48 * 2**20  # a raised scoped-VMEM limit reaches every kernel
+  blocks = kernels.TpuLogprobBlockSizes(vmem_limit_bytes=limit)
+
   def loss(h, w, targets):
     logp, ent = kernels.token_logprobs(h, w, targets, temperature=0.9,
-                                       softcap=30.0)
+                                       softcap=30.0, block_sizes=blocks)
     return jnp.sum(logp) + jnp.sum(ent)
 
-  names = _mosaic_kernels(jax.grad(loss, argnums=(0, 1)), _spec((N, D)),
-                          _spec((D, V)), _spec((N,), jnp.int32))
+  names, module = _mosaic_kernels(
+      jax.grad(loss, argnums=(0, 1)), _spec((N, D)), _spec((D, V)),
+      _spec((N,), jnp.int32), module_text=True)
   assert names == ["token_logprobs_dh_tpu", "token_logprobs_dw_tpu",
                    "token_logprobs_fwd_tpu"]
+  assert module.count(str(limit)) == 3
 
 
 @pytest.mark.parametrize("platform, backend, expected", [
