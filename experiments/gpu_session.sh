@@ -24,9 +24,12 @@ TUNE_S=${TUNE_S:-120}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 
+# Everything runs inside the copy: from the repository root, `python -m`
+# would import the checkout's agentic_rl (no kernels inside) ahead of it.
+OUT=$(realpath "$OUT")
 pkg=$(mktemp -d)
-cp -r agentic_rl "$pkg/" && cp -r kernels "$pkg/agentic_rl/kernels"
-export PYTHONPATH="$pkg:$PWD"
+cp -r agentic_rl tests pytest.ini "$pkg/" && cp -r kernels "$pkg/agentic_rl/kernels"
+cd "$pkg" || exit 1
 
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm \
     --format=csv,noheader

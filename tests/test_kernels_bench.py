@@ -82,14 +82,12 @@ def test_quick_run_of_the_mosaic_kernels_writes_json(tmp_path):
   """--backend mosaic_tpu runs the TPU kernels (interpreted on CPU) with
   their own tile sizes."""
   out = tmp_path / "bench.json"
-  bench.main(["--out", str(out), "--quick", "--ops",
-              "decode_attention,token_logprobs", "--repeats", "1",
-              "--backend", "mosaic_tpu"])
+  bench.main(["--out", str(out), "--quick", "--ops", "decode_attention",
+              "--repeats", "1", "--backend", "mosaic_tpu"])
   saved = json.loads(out.read_text())
   assert saved["pallas_backend"] == "mosaic_tpu"
-  pallas = [r for r in saved["rows"] if r["impl"] == "pallas"]
-  assert len(pallas) == 3  # decode fwd, log-probs fwd and fwd+bwd
-  assert all("error" not in r and r["ms"] > 0 for r in pallas)
+  [pallas] = [r for r in saved["rows"] if r["impl"] == "pallas"]
+  assert "error" not in pallas and pallas["ms"] > 0
   [case] = bench.cases(quick=True, ops={"decode_attention"},
                        backend="mosaic_tpu")
   assert case.blocks is bench.kernels.TpuDecodeBlockSizes
