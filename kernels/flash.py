@@ -381,7 +381,8 @@ def _backward(cfg: _Config, q, k, v, do, lse, delta, q_seg, k_seg, window):
 
 
 # --------------------------------------------------------------------------
-# custom_vjp: pads on the way in, slices on the way out.
+# Triton forward and backward on [B, T, H, D] operands: padded on the way in,
+# sliced on the way out.
 
 
 def _pad_qkv(cfg: _Config, q, k, v):
@@ -399,7 +400,7 @@ def _pad_segments(cfg: _Config, segment_ids):
           _common.pad_axis(segment_ids, 1, cfg.Sp))
 
 
-def _flash_fwd_impl(cfg: _Config, q, k, v, segment_ids, window):
+def _triton_forward(cfg: _Config, q, k, v, segment_ids, window):
   T, D = q.shape[1], q.shape[3]
   qp, kp, vp = _pad_qkv(cfg, q, k, v)
   q_seg, k_seg = _pad_segments(cfg, segment_ids)
@@ -407,28 +408,48 @@ def _flash_fwd_impl(cfg: _Config, q, k, v, segment_ids, window):
   return out[:, :T, :, :D], lse
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(cfg: _Config, q, k, v, segment_ids, window):
-  return _flash_fwd_impl(cfg, q, k, v, segment_ids, window)[0]
-
-
-def _flash_fwd(cfg, q, k, v, segment_ids, window):
-  out, lse = _flash_fwd_impl(cfg, q, k, v, segment_ids, window)
-  return out, (q, k, v, segment_ids, window, out, lse)
-
-
-def _flash_bwd(cfg, res, d_out):
-  q, k, v, segment_ids, window, out, lse = res
+def _triton_backward(cfg: _Config, q, k, v, d_out, lse, delta_BxHxT,
+                     segment_ids, window):
   T, S, D = q.shape[1], k.shape[1], q.shape[3]
-  d_out = d_out.astype(q.dtype)
-  delta = jnp.einsum("bthd,bthd->bht", out.astype(jnp.float32),
-                     d_out.astype(jnp.float32))
-  delta = _common.pad_axis(delta, 2, cfg.Tp)
+  delta = _common.pad_axis(delta_BxHxT, 2, cfg.Tp)
   qp, kp, vp = _pad_qkv(cfg, q, k, v)
   dop = _common.pad_axis(_common.pad_axis(d_out, 1, cfg.Tp), 3, cfg.Dp)
   q_seg, k_seg = _pad_segments(cfg, segment_ids)
   dq, dk, dv = _backward(cfg, qp, kp, vp, dop, lse, delta, q_seg, k_seg, window)
-  return (dq[:, :T, :, :D], dk[:, :S, :, :D], dv[:, :S, :, :D], None, None)
+  return dq[:, :T, :, :D], dk[:, :S, :, :D], dv[:, :S, :, :D]
+
+
+# --------------------------------------------------------------------------
+# The custom_vjp, for either kernel family (chosen by the config's type).
+
+
+def _family(cfg):
+  """``(forward, backward)`` of the kernel family ``cfg`` configures."""
+  if isinstance(cfg, flash_tpu.Config):
+    return flash_tpu.forward, flash_tpu.backward
+  return _triton_forward, _triton_backward
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash(cfg, q, k, v, segment_ids, window):
+  return _family(cfg)[0](cfg, q, k, v, segment_ids, window)[0]
+
+
+def _flash_fwd(cfg, q, k, v, segment_ids, window):
+  out, lse = _family(cfg)[0](cfg, q, k, v, segment_ids, window)
+  return out, (q, k, v, segment_ids, window, out, lse)
+
+
+def _flash_bwd(cfg, res, d_out):
+  """``delta = rowsum(O * dO)`` (fp32 ``[B, H, T]``), then the family's
+  dQ and dK/dV kernels."""
+  q, k, v, segment_ids, window, out, lse = res
+  d_out = d_out.astype(q.dtype)
+  delta = jnp.einsum("bthd,bthd->bht", out.astype(jnp.float32),
+                     d_out.astype(jnp.float32))
+  grads = _family(cfg)[1](cfg, q, k, v, d_out, lse, delta, segment_ids,
+                          window)
+  return (*grads, None, None)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -552,7 +573,7 @@ def flash_attention(
     blocks = _common.block_sizes_for("flash_attention", family, block_sizes,
                                      TpuAttentionBlockSizes)
     cfg = flash_tpu.make_config(q.shape, k.shape, blocks=blocks, **config)
-    return flash_tpu.attention(cfg, q, k, v, segment_ids, window)
+    return _flash(cfg, q, k, v, segment_ids, window)
   blocks = _common.block_sizes_for("flash_attention", family, block_sizes,
                                    AttentionBlockSizes)
   cfg = _make_config(q.shape, k.shape, blocks=blocks, **config)

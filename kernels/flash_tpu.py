@@ -15,13 +15,16 @@ rules:
   visible block, so Mosaic's pipeline does not fetch them again;
 * per-row statistics (``lse``, ``delta``) and query segment ids are stored
   broadcast over 128 lanes (``[..., T, 128]``) and key segment ids over 8
-  sublanes (``[B, 8, S]``), so no block has a minor dimension of 1;
+  sublanes (``[B, 8, S]``), so no block has a minor dimension of 1 (as in
+  jax's reference TPU flash attention; the saved ``lse`` costs 128x its
+  ``[B, H, T]`` size);
 * the sliding window is a scalar-prefetch operand (SMEM), so index maps can
   skip blocks outside it.
 
-dK/dV runs on grid ``(B, K, key blocks, H // K, query blocks)``: the query
-heads that share a key/value head and the query blocks are both reduction
-dimensions, so GQA accumulates into one dK/dV tile.
+:mod:`flash` wraps :func:`forward` and :func:`backward` in its
+``custom_vjp``. dK/dV runs on grid ``(B, K, key blocks, H // K, query
+blocks)``: the query heads that share a key/value head and the query blocks
+are both reduction dimensions, so GQA accumulates into one dK/dV tile.
 
 On CPU these kernels run in Mosaic's TPU interpret mode
 (``pltpu.InterpretParams``), which fills out-of-bounds and uninitialised
@@ -63,7 +66,7 @@ class TpuAttentionBlockSizes:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Config:
+class Config:
   """What the kernels specialise on (the fields :mod:`attention_rules`
   reads have the same names as in :mod:`flash`'s config)."""
   causal: bool
@@ -88,7 +91,7 @@ class _Config:
 
 def make_config(q_shape, k_shape, *, causal, softcap, has_segments,
                 has_window, blocks: TpuAttentionBlockSizes,
-                interpret) -> _Config:
+                interpret) -> Config:
   _, T, H, D = q_shape
   S, K = k_shape[1], k_shape[2]
   tile = functools.partial(_common.tpu_tile, owner="TpuAttentionBlockSizes")
@@ -96,7 +99,7 @@ def make_config(q_shape, k_shape, *, causal, softcap, has_segments,
                        for n in ("block_q", "block_q_dq", "block_q_dkv"))
   bk, bk_dq, bk_dkv = (tile(getattr(blocks, n), S, n)
                        for n in ("block_k", "block_k_dq", "block_k_dkv"))
-  return _Config(
+  return Config(
       causal=causal, softcap=softcap, scale=float(D) ** -0.5,
       has_segments=has_segments, has_window=has_window, T=T, S=S,
       Tp=_common.round_up(T, math.lcm(bq, bq_dq, bq_dkv)),
@@ -109,11 +112,11 @@ def make_config(q_shape, k_shape, *, causal, softcap, has_segments,
 # Shared in-kernel pieces.
 
 
-def _window(cfg: _Config, win_ref):
+def _window(cfg: Config, win_ref):
   return win_ref[0] if cfg.has_window else None
 
 
-def _mask(cfg: _Config, q_start, k_start, bq, bk, qs_ref, ks_ref, window):
+def _mask(cfg: Config, q_start, k_start, bq, bk, qs_ref, ks_ref, window):
   """Boolean ``[bq, bk]`` visibility of one tile (2-D iotas, as Mosaic
   wants)."""
   q_pos = q_start + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
@@ -124,7 +127,7 @@ def _mask(cfg: _Config, q_start, k_start, bq, bk, qs_ref, ks_ref, window):
   return rules.visible(cfg, q_pos, k_pos, q_seg, k_seg, window, (bq, bk))
 
 
-def _when_visible(cfg: _Config, j, ranges, full_ranges, step):
+def _when_visible(cfg: Config, j, ranges, full_ranges, step):
   """Runs ``step(masked)`` if block ``j`` is in ``[lo, hi)``: unmasked when
   the block is fully visible, masked otherwise."""
   lo, hi = ranges
@@ -168,7 +171,7 @@ def _split(cfg, refs, n_main):
   return main, qs, ks, rest
 
 
-def _params(cfg: _Config, *semantics):
+def _params(cfg: Config, *semantics):
   return pltpu.CompilerParams(dimension_semantics=semantics,
                               vmem_limit_bytes=cfg.vmem_limit_bytes)
 
@@ -177,7 +180,7 @@ def _params(cfg: _Config, *semantics):
 # Forward.
 
 
-def _fwd_kernel(win_ref, *refs, cfg: _Config):
+def _fwd_kernel(win_ref, *refs, cfg: Config):
   (q_ref, k_ref, v_ref), qs_ref, ks_ref, (o_ref, lse_ref, m_scr, l_scr,
                                           acc_scr) = _split(cfg, refs, 3)
   bq, bk = cfg.bq, cfg.bk
@@ -224,7 +227,7 @@ def _kv_index(cfg, bq, bk):
   return index
 
 
-def _forward(cfg: _Config, q, k, v, q_seg, k_seg, window):
+def _forward(cfg: Config, q, k, v, q_seg, k_seg, window):
   """Head-major padded operands -> (out ``[B, H, Tp, D]``, lse lanes)."""
   B, H, _, D = q.shape
   bq, bk = cfg.bq, cfg.bk
@@ -276,7 +279,7 @@ def _probs_and_ds(cfg, q, k, v, do, lse, delta, mask):
   return p, ds
 
 
-def _dq_kernel(win_ref, *refs, cfg: _Config):
+def _dq_kernel(win_ref, *refs, cfg: Config):
   (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref), qs_ref, ks_ref, (
       dq_ref, dq_scr) = _split(cfg, refs, 6)
   bq, bk = cfg.bq_dq, cfg.bk_dq
@@ -305,7 +308,7 @@ def _dq_kernel(win_ref, *refs, cfg: _Config):
     dq_ref[...] = (dq_scr[...] * cfg.scale).astype(dq_ref.dtype)
 
 
-def _dkdv_kernel(win_ref, *refs, cfg: _Config):
+def _dkdv_kernel(win_ref, *refs, cfg: Config):
   (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref), qs_ref, ks_ref, (
       dk_ref, dv_ref, dk_scr, dv_scr) = _split(cfg, refs, 6)
   bq, bk = cfg.bq_dkv, cfg.bk_dkv
@@ -337,7 +340,7 @@ def _dkdv_kernel(win_ref, *refs, cfg: _Config):
     dv_ref[...] = dv_scr[...].astype(dv_ref.dtype)
 
 
-def _backward(cfg: _Config, q, k, v, do, lse, delta, q_seg, k_seg, window):
+def _backward(cfg: Config, q, k, v, do, lse, delta, q_seg, k_seg, window):
   B, H, _, D = q.shape
   K = k.shape[1]
   G = cfg.groups
@@ -400,7 +403,8 @@ def _backward(cfg: _Config, q, k, v, do, lse, delta, q_seg, k_seg, window):
 
 
 # --------------------------------------------------------------------------
-# custom_vjp: transposes to head-major and pads on the way in.
+# The family's forward and backward on [B, T, H, D] operands (the custom_vjp
+# around them is :func:`flash._flash`): head-major and padded on the way in.
 
 
 def _heads_major(x, length):
@@ -408,7 +412,7 @@ def _heads_major(x, length):
   return _common.pad_axis(jnp.swapaxes(x, 1, 2), 2, length)
 
 
-def _operands(cfg: _Config, q, k, v, segment_ids, window):
+def _operands(cfg: Config, q, k, v, segment_ids, window):
   q_seg = k_seg = None
   if segment_ids is not None:
     q_seg = jnp.broadcast_to(
@@ -423,35 +427,20 @@ def _operands(cfg: _Config, q, k, v, segment_ids, window):
           _heads_major(v, cfg.Sp), q_seg, k_seg, window.reshape(1))
 
 
-def _fwd_impl(cfg, q, k, v, segment_ids, window):
+def forward(cfg: Config, q, k, v, segment_ids, window):
+  """``(out [B, T, H, D], lse residual)``."""
   qh, kh, vh, q_seg, k_seg, w = _operands(cfg, q, k, v, segment_ids, window)
   out, lse = _forward(cfg, qh, kh, vh, q_seg, k_seg, w)
   return jnp.swapaxes(out[:, :, :cfg.T], 1, 2), lse
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def attention(cfg: _Config, q, k, v, segment_ids, window):
-  """``[B, T, H, D]`` attention through the Mosaic kernels (see module)."""
-  return _fwd_impl(cfg, q, k, v, segment_ids, window)[0]
-
-
-def _attention_fwd(cfg, q, k, v, segment_ids, window):
-  out, lse = _fwd_impl(cfg, q, k, v, segment_ids, window)
-  return out, (q, k, v, segment_ids, window, out, lse)
-
-
-def _attention_bwd(cfg, res, d_out):
-  q, k, v, segment_ids, window, out, lse = res
-  d_out = d_out.astype(q.dtype)
-  delta = jnp.einsum("bthd,bthd->bht", out.astype(jnp.float32),
-                     d_out.astype(jnp.float32))
-  delta = jnp.broadcast_to(_common.pad_axis(delta, 2, cfg.Tp)[..., None],
-                           lse.shape)
+def backward(cfg: Config, q, k, v, d_out, lse, delta_BxHxT, segment_ids,
+             window):
+  """``(dq, dk, dv)`` in the operands' layout."""
+  delta = jnp.broadcast_to(
+      _common.pad_axis(delta_BxHxT, 2, cfg.Tp)[..., None], lse.shape)
   qh, kh, vh, q_seg, k_seg, w = _operands(cfg, q, k, v, segment_ids, window)
   dq, dk, dv = _backward(cfg, qh, kh, vh, _heads_major(d_out, cfg.Tp), lse,
                          delta, q_seg, k_seg, w)
   back = lambda x, n: jnp.swapaxes(x[:, :, :n], 1, 2)
-  return back(dq, cfg.T), back(dk, cfg.S), back(dv, cfg.S), None, None
-
-
-attention.defvjp(_attention_fwd, _attention_bwd)
+  return back(dq, cfg.T), back(dk, cfg.S), back(dv, cfg.S)

@@ -80,12 +80,8 @@ def _spec(shape, dtype=jnp.bfloat16):
   return jax.ShapeDtypeStruct(shape, dtype)
 
 
-@pytest.mark.parametrize("opts", [
-    dict(),
-    dict(segment_ids=True, sliding_window=True, softcap=30.0),
-    dict(causal=False),
-], ids=["causal", "segments_window_softcap", "noncausal"])
-def test_flash_attention_fwd_and_bwd_lower_to_triton(compiled_pallas, opts):
+def _flash_grads(opts):
+  """``(grad fn of a flash-attention loss, its argument specs)`` at 4k."""
   B, T, H, K, D = 2, 4096, 8, 2, 128
   opts = dict(opts)
   use_seg = opts.pop("segment_ids", False)
@@ -97,11 +93,22 @@ def test_flash_attention_fwd_and_bwd_lower_to_triton(compiled_pallas, opts):
         sliding_window=window if use_window else None, **opts)
     return jnp.sum(out.astype(jnp.float32))
 
-  grads = jax.grad(loss, argnums=(0, 1, 2))
-  n = _triton_calls(grads, _spec((B, T, H, D)), _spec((B, T, K, D)),
-                    _spec((B, T, K, D)), _spec((B, T), jnp.int32),
-                    _spec((), jnp.int32))
-  assert n == 3  # forward, dQ, dK/dV
+  return jax.grad(loss, argnums=(0, 1, 2)), (
+      _spec((B, T, H, D)), _spec((B, T, K, D)), _spec((B, T, K, D)),
+      _spec((B, T), jnp.int32), _spec((), jnp.int32))
+
+
+FLASH_OPTS = pytest.mark.parametrize("opts", [
+    dict(),
+    dict(segment_ids=True, sliding_window=True, softcap=30.0),
+    dict(causal=False),
+], ids=["causal", "segments_window_softcap", "noncausal"])
+
+
+@FLASH_OPTS
+def test_flash_attention_fwd_and_bwd_lower_to_triton(compiled_pallas, opts):
+  fn, specs = _flash_grads(opts)
+  assert _triton_calls(fn, *specs) == 3  # forward, dQ, dK/dV
 
 
 @pytest.mark.parametrize("kv_layout", ["BSKD", "BKSD"])
@@ -129,29 +136,12 @@ def test_token_logprobs_fwd_and_bwd_lower_to_triton(compiled_pallas):
                        _spec((N,), jnp.int32)) == 2  # forward, logit grad
 
 
-@pytest.mark.parametrize("opts", [
-    dict(),
-    dict(segment_ids=True, sliding_window=True, softcap=30.0),
-    dict(causal=False),
-], ids=["causal", "segments_window_softcap", "noncausal"])
+@FLASH_OPTS
 def test_flash_attention_fwd_and_bwd_lower_to_mosaic(compiled_mosaic, opts):
-  B, T, H, K, D = 2, 4096, 8, 2, 128
-  opts = dict(opts)
-  use_seg = opts.pop("segment_ids", False)
-  use_window = opts.pop("sliding_window", False)
-
-  def loss(q, k, v, seg, window):
-    out = kernels.flash_attention(
-        q, k, v, segment_ids=seg if use_seg else None,
-        sliding_window=window if use_window else None, **opts)
-    return jnp.sum(out.astype(jnp.float32))
-
-  names = _mosaic_kernels(jax.grad(loss, argnums=(0, 1, 2)),
-                          _spec((B, T, H, D)), _spec((B, T, K, D)),
-                          _spec((B, T, K, D)), _spec((B, T), jnp.int32),
-                          _spec((), jnp.int32))
-  assert names == ["flash_attention_dkdv_tpu", "flash_attention_dq_tpu",
-                   "flash_attention_fwd_tpu"]
+  fn, specs = _flash_grads(opts)
+  assert _mosaic_kernels(fn, *specs) == [
+      "flash_attention_dkdv_tpu", "flash_attention_dq_tpu",
+      "flash_attention_fwd_tpu"]
 
 
 @pytest.mark.parametrize("S", [4000, 96])  # tiles past the end; one tile
