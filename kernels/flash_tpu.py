@@ -13,11 +13,14 @@ rules:
   initialised at the first key block and written out at the last. Blocks a
   query tile cannot see are skipped, and their index map repeats the last
   visible block, so Mosaic's pipeline does not fetch them again;
-* per-row statistics (``lse``, ``delta``) and query segment ids are stored
-  broadcast over 128 lanes (``[..., T, 128]``) and key segment ids over 8
-  sublanes (``[B, 8, S]``), so no block has a minor dimension of 1 (as in
-  jax's reference TPU flash attention; the saved ``lse`` costs 128x its
-  ``[B, H, T]`` size);
+* per-row statistics (``lse``, ``delta``) travel lane-dense, ``[B, H, 1,
+  T]`` (no larger than ``[B, H, T]``): the forward kernel transposes its
+  lane-broadcast ``[bq, 128]`` log-sum-exp into a row, the dQ kernel turns
+  the rows back into columns once per query tile, and the dK/dV kernel works
+  on transposed tiles (``S^T = K Q^T``, ``[bk, bq]``), where a row is what it
+  needs. Segment ids come both lane-broadcast (``[B, T, 128]``, columns) and
+  sublane-broadcast (``[B, 8, T]``, rows), so no block has a minor dimension
+  of 1;
 * the sliding window is a scalar-prefetch operand (SMEM), so index maps can
   skip blocks outside it.
 
@@ -116,15 +119,40 @@ def _window(cfg: Config, win_ref):
   return win_ref[0] if cfg.has_window else None
 
 
-def _mask(cfg: Config, q_start, k_start, bq, bk, qs_ref, ks_ref, window):
-  """Boolean ``[bq, bk]`` visibility of one tile (2-D iotas, as Mosaic
-  wants)."""
-  q_pos = q_start + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
-  k_pos = k_start + lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
+def _col(ref):
+  """A lane-broadcast ``[n, LANES]`` block as a column ``[n, 1]``."""
+  return ref[...][:, :1]
+
+
+def _row(ref):
+  """A ``[SUBLANES or 1, n]`` block as a row ``[1, n]``."""
+  return ref[...][:1, :]
+
+
+def _lanes_to_row(x):
+  """``[n, LANES]`` with equal lanes -> the row ``[1, n]`` (a transpose)."""
+  return jnp.transpose(x)[:1, :]
+
+
+def _row_to_lanes(x):
+  """A row ``[1, n]`` -> ``[n, LANES]`` with equal lanes (a transpose)."""
+  return jnp.transpose(jnp.broadcast_to(x, (LANES, x.shape[1])))
+
+
+def _mask(cfg: Config, q_start, k_start, bq, bk, qs_ref, ks_ref, window, *,
+          keys_by_rows=False):
+  """Boolean visibility of one ``[bq, bk]`` tile, or of a transposed
+  ``[bk, bq]`` one with ``keys_by_rows`` (2-D iotas, as Mosaic wants).
+  Segment-id blocks: a column block for the tile's rows, a row block for its
+  columns."""
+  shape, q_axis = ((bk, bq), 1) if keys_by_rows else ((bq, bk), 0)
+  q_pos = q_start + lax.broadcasted_iota(jnp.int32, shape, q_axis)
+  k_pos = k_start + lax.broadcasted_iota(jnp.int32, shape, 1 - q_axis)
   q_seg = k_seg = None
-  if qs_ref is not None:  # [bq, LANES] and [SUBLANES, bk]
-    q_seg, k_seg = qs_ref[...][:, :1], ks_ref[...][:1, :]
-  return rules.visible(cfg, q_pos, k_pos, q_seg, k_seg, window, (bq, bk))
+  if qs_ref is not None:
+    q_seg, k_seg = ((_row(qs_ref), _col(ks_ref)) if keys_by_rows
+                    else (_col(qs_ref), _row(ks_ref)))
+  return rules.visible(cfg, q_pos, k_pos, q_seg, k_seg, window, shape)
 
 
 def _when_visible(cfg: Config, j, ranges, full_ranges, step):
@@ -150,16 +178,16 @@ def _clamp(j, lo, hi):
   return jnp.clip(j, lo, jnp.maximum(hi - 1, lo))
 
 
-def _rows(x_ref):
-  """A lane-broadcast ``[rows, LANES]`` statistic as ``[rows, 1]``."""
-  return x_ref[...][:, :1]
-
-
-def _specs_and_args(cfg, q_seg, k_seg, q_rows, k_cols):
-  """Block specs and operands for the segment ids, if any."""
+def _segment_specs(cfg, segments, q_block, k_block, *, keys_by_rows=False):
+  """Block specs and operands for the segment ids, if any: ``segments`` is
+  ``(columns [B, P, LANES], rows [B, SUBLANES, P])``; the queries read
+  columns and the keys rows, or the reverse with ``keys_by_rows``. Blocks
+  are ``(block shape, index map)``."""
   if not cfg.has_segments:
     return [], []
-  return ([pl.BlockSpec(*q_rows), pl.BlockSpec(*k_cols)], [q_seg, k_seg])
+  cols, rows = segments
+  return ([pl.BlockSpec(*q_block), pl.BlockSpec(*k_block)],
+          [rows, cols] if keys_by_rows else [cols, rows])
 
 
 def _split(cfg, refs, n_main):
@@ -198,7 +226,7 @@ def _fwd_kernel(win_ref, *refs, cfg: Config):
     s, _ = rules.logits(cfg, q_ref[...], k_ref[...])
     mask = (_mask(cfg, q_start, k_start, bq, bk, qs_ref, ks_ref, window)
             if masked else None)
-    carry = (acc_scr[...], _rows(m_scr), _rows(l_scr))
+    carry = (acc_scr[...], _col(m_scr), _col(l_scr))
     acc, m, l = _common.online_softmax_step(carry, s, mask, v_ref[...],
                                             keepdims=True)
     acc_scr[...] = acc
@@ -215,7 +243,8 @@ def _fwd_kernel(win_ref, *refs, cfg: Config):
     seen = l > 0.0
     l_safe = jnp.where(seen, l, 1.0)
     o_ref[...] = (acc_scr[...] / l_safe[:, :1]).astype(o_ref.dtype)
-    lse_ref[...] = jnp.where(seen, m_scr[...] + jnp.log(l_safe), 0.0)
+    lse_ref[...] = _lanes_to_row(
+        jnp.where(seen, m_scr[...] + jnp.log(l_safe), 0.0))
 
 
 def _kv_index(cfg, bq, bk):
@@ -227,8 +256,9 @@ def _kv_index(cfg, bq, bk):
   return index
 
 
-def _forward(cfg: Config, q, k, v, q_seg, k_seg, window):
-  """Head-major padded operands -> (out ``[B, H, Tp, D]``, lse lanes)."""
+def _forward(cfg: Config, q, k, v, segments, window):
+  """Head-major padded operands -> (out ``[B, H, Tp, D]``, lse
+  ``[B, H, 1, Tp]``)."""
   B, H, _, D = q.shape
   bq, bk = cfg.bq, cfg.bk
   kv_index = _kv_index(cfg, bq, bk)
@@ -236,9 +266,8 @@ def _forward(cfg: Config, q, k, v, q_seg, k_seg, window):
   def seg_k(b, h, i, j, win_ref):
     return b, 0, kv_index(b, h, i, j, win_ref)[2]
 
-  extra_specs, extra = _specs_and_args(
-      cfg, q_seg, k_seg,
-      ((_SQ, bq, LANES), lambda b, h, i, j, w: (b, i, 0)),
+  extra_specs, extra = _segment_specs(
+      cfg, segments, ((_SQ, bq, LANES), lambda b, h, i, j, w: (b, i, 0)),
       ((_SQ, SUBLANES, bk), seg_k))
   q_block = pl.BlockSpec((_SQ, _SQ, bq, D), lambda b, h, i, j, w: (b, h, i, 0))
   grid_spec = pltpu.PrefetchScalarGridSpec(
@@ -246,8 +275,8 @@ def _forward(cfg: Config, q, k, v, q_seg, k_seg, window):
       grid=(B, H, cfg.Tp // bq, cfg.Sp // bk),
       in_specs=[q_block, pl.BlockSpec((_SQ, _SQ, bk, D), kv_index),
                 pl.BlockSpec((_SQ, _SQ, bk, D), kv_index)] + extra_specs,
-      out_specs=[q_block, pl.BlockSpec((_SQ, _SQ, bq, LANES),
-                                       lambda b, h, i, j, w: (b, h, i, 0))],
+      out_specs=[q_block, pl.BlockSpec((_SQ, _SQ, 1, bq),
+                                       lambda b, h, i, j, w: (b, h, 0, i))],
       scratch_shapes=[pltpu.VMEM((bq, LANES), jnp.float32),
                       pltpu.VMEM((bq, LANES), jnp.float32),
                       pltpu.VMEM((bq, D), jnp.float32)])
@@ -255,7 +284,7 @@ def _forward(cfg: Config, q, k, v, q_seg, k_seg, window):
       functools.partial(_fwd_kernel, cfg=cfg),
       grid_spec=grid_spec,
       out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
-                 jax.ShapeDtypeStruct((B, H, cfg.Tp, LANES), jnp.float32)],
+                 jax.ShapeDtypeStruct((B, H, 1, cfg.Tp), jnp.float32)],
       compiler_params=_params(cfg, "parallel", "parallel", "parallel",
                               "arbitrary"),
       interpret=_common.tpu_interpret(cfg.interpret),
@@ -267,13 +296,20 @@ def _forward(cfg: Config, q, k, v, q_seg, k_seg, window):
 # Backward.
 
 
-def _probs_and_ds(cfg, q, k, v, do, lse, delta, mask):
-  """``P = exp(S - lse)`` and ``dS`` (before the scale) for one tile."""
-  s, t = rules.logits(cfg, q, k)
+def _probs_and_ds(cfg, q, k, v, do, lse, delta, mask, keys_by_rows=False):
+  """``P = exp(S - lse)`` and ``dS`` (before the scale) for one ``[bq, bk]``
+  tile (``lse``, ``delta``: columns), or ``P^T`` and ``dS^T`` for a
+  ``[bk, bq]`` one with ``keys_by_rows`` (``lse``, ``delta``: rows)."""
+  if keys_by_rows:
+    s, t = rules.logits(cfg, k, q)
+    dp = _common.dot_nt(v, do)
+  else:
+    s, t = rules.logits(cfg, q, k)
+    dp = _common.dot_nt(do, v)
   p = jnp.exp(s - lse)
   if mask is not None:
     p = jnp.where(mask, p, 0.0)
-  ds = p * (_common.dot_nt(do, v) - delta)
+  ds = p * (dp - delta)
   if t is not None:
     ds = ds * (1.0 - t * t)
   return p, ds
@@ -281,7 +317,7 @@ def _probs_and_ds(cfg, q, k, v, do, lse, delta, mask):
 
 def _dq_kernel(win_ref, *refs, cfg: Config):
   (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref), qs_ref, ks_ref, (
-      dq_ref, dq_scr) = _split(cfg, refs, 6)
+      dq_ref, dq_scr, lse_scr, delta_scr) = _split(cfg, refs, 6)
   bq, bk = cfg.bq_dq, cfg.bk_dq
   i, j = pl.program_id(2), pl.program_id(3)
   q_start, k_start = i * bq, j * bk
@@ -290,13 +326,15 @@ def _dq_kernel(win_ref, *refs, cfg: Config):
   @pl.when(j == 0)
   def _init():
     dq_scr[...] = jnp.zeros(dq_scr.shape, jnp.float32)
+    lse_scr[...] = _row_to_lanes(lse_ref[...])  # rows -> columns, once
+    delta_scr[...] = _row_to_lanes(delta_ref[...])
 
   def step(masked):
     mask = (_mask(cfg, q_start, k_start, bq, bk, qs_ref, ks_ref, window)
             if masked else None)
     k = k_ref[...]
     _, ds = _probs_and_ds(cfg, q_ref[...], k, v_ref[...], do_ref[...],
-                          _rows(lse_ref), _rows(delta_ref), mask)
+                          _col(lse_scr), _col(delta_scr), mask)
     dq_scr[...] += _common.dot_nn(ds.astype(k.dtype), k)
 
   _when_visible(
@@ -322,13 +360,14 @@ def _dkdv_kernel(win_ref, *refs, cfg: Config):
     dv_scr[...] = jnp.zeros(dv_scr.shape, jnp.float32)
 
   def step(masked):
-    mask = (_mask(cfg, q_start, k_start, bq, bk, qs_ref, ks_ref, window)
-            if masked else None)
+    mask = (_mask(cfg, q_start, k_start, bq, bk, qs_ref, ks_ref, window,
+                  keys_by_rows=True) if masked else None)
     q, do = q_ref[...], do_ref[...]
-    p, ds = _probs_and_ds(cfg, q, k_ref[...], v_ref[...], do, _rows(lse_ref),
-                          _rows(delta_ref), mask)
-    dv_scr[...] += _common.dot_tn(p.astype(do.dtype), do)
-    dk_scr[...] += _common.dot_tn(ds.astype(q.dtype), q)
+    p_t, ds_t = _probs_and_ds(cfg, q, k_ref[...], v_ref[...], do,
+                              lse_ref[...], delta_ref[...], mask,
+                              keys_by_rows=True)  # [bk, bq]
+    dv_scr[...] += _common.dot_nn(p_t.astype(do.dtype), do)
+    dk_scr[...] += _common.dot_nn(ds_t.astype(q.dtype), q)
 
   _when_visible(
       cfg, i, rules.query_blocks(cfg, k_start, bk, bq, window),
@@ -340,7 +379,7 @@ def _dkdv_kernel(win_ref, *refs, cfg: Config):
     dv_ref[...] = dv_scr[...].astype(dv_ref.dtype)
 
 
-def _backward(cfg: Config, q, k, v, do, lse, delta, q_seg, k_seg, window):
+def _backward(cfg: Config, q, k, v, do, lse, delta, segments, window):
   B, H, _, D = q.shape
   K = k.shape[1]
   G = cfg.groups
@@ -350,11 +389,10 @@ def _backward(cfg: Config, q, k, v, do, lse, delta, q_seg, k_seg, window):
   bq, bk = cfg.bq_dq, cfg.bk_dq
   kv_index = _kv_index(cfg, bq, bk)
   q_tile = pl.BlockSpec((_SQ, _SQ, bq, D), lambda b, h, i, j, w: (b, h, i, 0))
-  row = pl.BlockSpec((_SQ, _SQ, bq, LANES), lambda b, h, i, j, w: (b, h, i, 0))
+  row = pl.BlockSpec((_SQ, _SQ, 1, bq), lambda b, h, i, j, w: (b, h, 0, i))
   kv = pl.BlockSpec((_SQ, _SQ, bk, D), kv_index)
-  extra_specs, extra = _specs_and_args(
-      cfg, q_seg, k_seg,
-      ((_SQ, bq, LANES), lambda b, h, i, j, w: (b, i, 0)),
+  extra_specs, extra = _segment_specs(
+      cfg, segments, ((_SQ, bq, LANES), lambda b, h, i, j, w: (b, i, 0)),
       ((_SQ, SUBLANES, bk),
        lambda b, h, i, j, w: (b, 0, kv_index(b, h, i, j, w)[2])))
   dq = pl.pallas_call(
@@ -363,7 +401,9 @@ def _backward(cfg: Config, q, k, v, do, lse, delta, q_seg, k_seg, window):
           num_scalar_prefetch=1, grid=(B, H, cfg.Tp // bq, cfg.Sp // bk),
           in_specs=[q_tile, kv, kv, q_tile, row, row] + extra_specs,
           out_specs=q_tile,
-          scratch_shapes=[pltpu.VMEM((bq, D), jnp.float32)]),
+          scratch_shapes=[pltpu.VMEM((bq, D), jnp.float32),
+                          pltpu.VMEM((bq, LANES), jnp.float32),
+                          pltpu.VMEM((bq, LANES), jnp.float32)]),
       out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
       compiler_params=_params(cfg, "parallel", "parallel", "parallel",
                               "arbitrary"),
@@ -377,14 +417,19 @@ def _backward(cfg: Config, q, k, v, do, lse, delta, q_seg, k_seg, window):
     lo, hi = rules.query_blocks(cfg, j * bk, bk, bq, _window(cfg, win_ref))
     return b, kh * G + g, _clamp(i, lo, hi), 0
 
+  def row_index(*ids):
+    b, h, i, _ = q_index(*ids)
+    return b, h, 0, i
+
   q_tile = pl.BlockSpec((_SQ, _SQ, bq, D), q_index)
-  row = pl.BlockSpec((_SQ, _SQ, bq, LANES), q_index)
+  row = pl.BlockSpec((_SQ, _SQ, 1, bq), row_index)
   kv = pl.BlockSpec((_SQ, _SQ, bk, D), lambda b, kh, j, g, i, w: (b, kh, j, 0))
-  extra_specs, extra = _specs_and_args(
-      cfg, q_seg, k_seg,
-      ((_SQ, bq, LANES),
-       lambda b, kh, j, g, i, w: (b, q_index(b, kh, j, g, i, w)[2], 0)),
-      ((_SQ, SUBLANES, bk), lambda b, kh, j, g, i, w: (b, 0, j)))
+  extra_specs, extra = _segment_specs(
+      cfg, segments,
+      ((_SQ, SUBLANES, bq),
+       lambda b, kh, j, g, i, w: (b, 0, q_index(b, kh, j, g, i, w)[2])),
+      ((_SQ, bk, LANES), lambda b, kh, j, g, i, w: (b, j, 0)),
+      keys_by_rows=True)
   dk, dv = pl.pallas_call(
       functools.partial(_dkdv_kernel, cfg=cfg),
       grid_spec=pltpu.PrefetchScalarGridSpec(
@@ -413,34 +458,31 @@ def _heads_major(x, length):
 
 
 def _operands(cfg: Config, q, k, v, segment_ids, window):
-  q_seg = k_seg = None
-  if segment_ids is not None:
-    q_seg = jnp.broadcast_to(
-        _common.pad_axis(segment_ids, 1, cfg.Tp)[:, :, None],
-        (q.shape[0], cfg.Tp, LANES))
-    k_seg = jnp.broadcast_to(
-        _common.pad_axis(segment_ids, 1, cfg.Sp)[:, None, :],
-        (q.shape[0], SUBLANES, cfg.Sp))
+  segments = None
+  if segment_ids is not None:  # (columns, rows), padded to either length
+    ids = _common.pad_axis(segment_ids, 1, max(cfg.Tp, cfg.Sp))
+    B, P = ids.shape
+    segments = (jnp.broadcast_to(ids[:, :, None], (B, P, LANES)),
+                jnp.broadcast_to(ids[:, None, :], (B, SUBLANES, P)))
   if window is None:
     window = jnp.asarray(reference.NO_WINDOW, jnp.int32)
   return (_heads_major(q, cfg.Tp), _heads_major(k, cfg.Sp),
-          _heads_major(v, cfg.Sp), q_seg, k_seg, window.reshape(1))
+          _heads_major(v, cfg.Sp), segments, window.reshape(1))
 
 
 def forward(cfg: Config, q, k, v, segment_ids, window):
   """``(out [B, T, H, D], lse residual)``."""
-  qh, kh, vh, q_seg, k_seg, w = _operands(cfg, q, k, v, segment_ids, window)
-  out, lse = _forward(cfg, qh, kh, vh, q_seg, k_seg, w)
+  qh, kh, vh, segments, w = _operands(cfg, q, k, v, segment_ids, window)
+  out, lse = _forward(cfg, qh, kh, vh, segments, w)
   return jnp.swapaxes(out[:, :, :cfg.T], 1, 2), lse
 
 
 def backward(cfg: Config, q, k, v, d_out, lse, delta_BxHxT, segment_ids,
              window):
   """``(dq, dk, dv)`` in the operands' layout."""
-  delta = jnp.broadcast_to(
-      _common.pad_axis(delta_BxHxT, 2, cfg.Tp)[..., None], lse.shape)
-  qh, kh, vh, q_seg, k_seg, w = _operands(cfg, q, k, v, segment_ids, window)
+  delta = _common.pad_axis(delta_BxHxT, 2, cfg.Tp)[:, :, None, :]
+  qh, kh, vh, segments, w = _operands(cfg, q, k, v, segment_ids, window)
   dq, dk, dv = _backward(cfg, qh, kh, vh, _heads_major(d_out, cfg.Tp), lse,
-                         delta, q_seg, k_seg, w)
+                         delta, segments, w)
   back = lambda x, n: jnp.swapaxes(x[:, :, :n], 1, 2)
   return back(dq, cfg.T), back(dk, cfg.S), back(dv, cfg.S)
