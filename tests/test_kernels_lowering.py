@@ -231,3 +231,28 @@ def test_kernel_dots_follow_default_matmul_precision(setting, expected):
     assert "pallas_call" in jaxpr, name
     found = set(re.findall(r"precision=\(Precision\.(\w+),", jaxpr))
     assert found == expected, (name, found)
+
+
+def test_the_models_scoring_path_lowers_to_mosaic(compiled_mosaic):
+  """With attn_impl="pallas" and the pallas log-prob path, the learner's
+  scoring gradient on a TPU runs the Mosaic kernels (GQA, a sliding-window
+  layer and soft-caps included; the layers are scanned, so each kernel
+  appears once): the model selects them by config."""
+  from agentic_rl import model  # pylint: disable=import-outside-toplevel
+  from agentic_rl.model import scoring  # pylint: disable=import-outside-toplevel
+  config = model.TransformerConfig(
+      vocab_size=1000, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2,
+      head_dim=64, mlp_dim=256, attn_impl="pallas", sliding_windows=(64, None),
+      attn_logit_softcap=50.0, final_logit_softcap=30.0)
+  params = jax.eval_shape(lambda: model.init_params(config, jax.random.key(0)))
+
+  def loss(params, tokens):
+    logp, entropy = scoring.sequence_logprobs(params, tokens, config,
+                                              impl="pallas")
+    return jnp.sum(logp) + jnp.sum(entropy)
+
+  names = _mosaic_kernels(jax.grad(loss), params, _spec((2, 300), jnp.int32))
+  assert sorted(set(names)) == [
+      "flash_attention_dkdv_tpu", "flash_attention_dq_tpu",
+      "flash_attention_fwd_tpu", "token_logprobs_dh_tpu",
+      "token_logprobs_dw_tpu", "token_logprobs_fwd_tpu"]
