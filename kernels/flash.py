@@ -42,8 +42,8 @@ from jax.experimental.pallas import triton as plgpu
 from agentic_rl.kernels import _common
 from agentic_rl.kernels import attention_rules as rules
 from agentic_rl.kernels import flash_tpu
-from agentic_rl.kernels.flash_tpu import TpuAttentionBlockSizes
 from agentic_rl.kernels import reference
+from agentic_rl.kernels.flash_tpu import TpuAttentionBlockSizes
 
 _SQ = _common.SQUEEZED
 

@@ -21,9 +21,12 @@ et al., 2024, arXiv:2411.09009) extended with the entropy.
 
 Implementations:
 
-* ``"pallas"``: forward is one Triton kernel, grid ``(row blocks, vocab
-  splits)``; each program does the ``h W`` tile matmul (a loop over ``D``) and
-  the online statistics in registers; an XLA epilogue merges the splits.
+* ``"pallas"`` with the Mosaic family (on TPU, or ``backend="mosaic_tpu"``):
+  :mod:`logprobs_tpu`.
+* ``"pallas"`` with the Triton family: forward is one Triton kernel, grid
+  ``(row blocks, vocab splits)``; each program does the ``h W`` tile matmul
+  (a loop over ``D``) and the online statistics in registers; an XLA
+  epilogue merges the splits.
   Backward is a ``lax.scan`` over vocab chunks: a Triton kernel recomputes
   the chunk's logits and writes its logit gradient ``g`` (``[N, chunk]`` in
   W's dtype), then two XLA matmuls apply it to ``dh`` and ``dW``.
