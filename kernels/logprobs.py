@@ -370,7 +370,7 @@ def token_logprobs(
   N, D = hidden_NxD.shape
   V = unembed_DxV.shape[1]
   pad = _common.pad_axis
-  family, interpret = "xla", False
+  family, interpret = impl, False
   if impl == "pallas":
     family, interpret = _common.pallas_backend(op, backend)
   if family == "mosaic_tpu":
