@@ -21,5 +21,6 @@ def check_keywords(what: str, fn: Callable[..., object], kwargs: Mapping[str, ob
   has a name ``fn`` does not accept."""
   accepted = keyword_names(fn)
   if unknown := sorted(set(kwargs) - set(accepted)):
-    raise UnknownHyperParameterError(f"{what} got unknown hyper-parameter(s) {unknown}; it accepts: "
-                     f"{', '.join(accepted) or 'none'}")
+    raise UnknownHyperParameterError(
+        f"{what} got unknown hyper-parameter(s) {unknown}; it accepts: "
+        f"{', '.join(accepted) or 'none'}")
