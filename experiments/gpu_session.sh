@@ -2,7 +2,7 @@
 # The prepared GPU check for the Pallas kernels, sized for one lent H200
 # session (15 minutes of device time, the machine's start included):
 #
-#   device run: bash experiments/gpu_session.sh        (timeout_s about 560)
+#   device run: bash experiments/gpu_session.sh        (timeout_s about 520)
 #
 # No install and no network: the image's jax, chex, hypothesis and pytest are
 # enough for the kernels, which are copied into an importable package tree.
@@ -12,15 +12,17 @@
 #                fp32 on both sides (the kernels follow
 #                jax_default_matmul_precision; Triton's default is TF32);
 #   2. BENCH_S:  python -m agentic_rl.kernels.bench (every impl side by side);
-#   3. TUNE_S:   python -m agentic_rl.kernels.bench --tune (tile search).
-# Writes env.txt, tests.log, bench_h200.json and tune_h200.json under $OUT
+#   3. TUNE_S:   python -m agentic_rl.kernels.bench --tune (tile search over
+#                the attention and log-prob kernels).
+# Writes env.txt, tests.log, bench.log, bench_h200.json, tune.log and
+# tune_h200.json under $OUT
 # (default runs/gpu). The JSON files are rewritten after every case, so a step
 # cut short still returns what it measured.
 set -uo pipefail
 OUT=${OUT:-runs/gpu}
-TESTS_S=${TESTS_S:-150}
-BENCH_S=${BENCH_S:-240}
-TUNE_S=${TUNE_S:-120}
+TESTS_S=${TESTS_S:-100}
+BENCH_S=${BENCH_S:-130}
+TUNE_S=${TUNE_S:-270}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 
@@ -46,8 +48,9 @@ JAX_DEFAULT_MATMUL_PRECISION=highest timeout "$TESTS_S" python3 -m pytest \
 
 echo "== 2. benchmark"
 timeout "$BENCH_S" python3 -m agentic_rl.kernels.bench \
-  --out "$OUT/bench_h200.json" 2>&1 | tail -40
+  --out "$OUT/bench_h200.json" 2>&1 | tee "$OUT/bench.log" | tail -45
 
 echo "== 3. tile search"
 timeout "$TUNE_S" python3 -m agentic_rl.kernels.bench --tune \
-  --max_seconds $((TUNE_S - 30)) --out "$OUT/tune_h200.json" 2>&1 | tail -12
+  --ops flash_attention,token_logprobs \
+  --max_seconds $((TUNE_S - 30)) --out "$OUT/tune_h200.json" 2>&1 | tee "$OUT/tune.log" | tail -12

@@ -24,6 +24,7 @@ from jax.experimental.pallas import tpu as pltpu
 MIN_BLOCK = 16
 # Finite "minus infinity" for masked logits: keeps every exp() argument finite.
 MASKED = -0.7 * float(np.finfo(np.float32).max)
+LOG2E = float(np.log2(np.e))
 # A squeezed block dimension: the kernel's ref does not have it.
 SQUEEZED = pl.squeezed
 # A TPU vector register is 8 sublanes x 128 lanes (32-bit).
@@ -203,21 +204,29 @@ def online_softmax_init(rows: int, width: int):
           jnp.zeros((rows,), jnp.float32))
 
 
-def online_softmax_step(carry, s, mask, v, keepdims=False):
+def online_softmax_step(carry, s, mask, v, keepdims=False, base2=False):
   """Folds logits ``s [rows, cols]`` (fp32) and values ``v [cols, width]``
   into the online softmax (FlashAttention-2, Alg. 1): rescale the running
   ``acc`` and denominator by ``exp(m_old - m_new)``, add ``exp(s - m_new)``.
   ``mask`` (bool, or None for all visible) hides entries exactly. The running
   max and denominator are ``[rows]``, or ``[rows, 1]`` with ``keepdims``
-  (Mosaic keeps vectors 2-D)."""
+  (Mosaic keeps vectors 2-D).
+
+  ``base2``: ``s`` is in base 2 (natural logits times ``log2(e)``) and the
+  exponentials are ``exp2``, so ``log l + m`` is a base-2 log-sum-exp. On
+  GPU ``exp2`` is one ``ex2.approx`` while ``exp`` is libdevice's
+  ``__nv_expf`` (a range reduction around the same instruction), and the
+  softmax exponentials compete with the tile matmuls for issue slots
+  (FlashAttention-3, Shah et al., 2024, arXiv:2407.08608, section 3)."""
   acc, m, l = carry
+  exp = jnp.exp2 if base2 else jnp.exp
   if mask is not None:
     s = jnp.where(mask, s, MASKED)
   col = (lambda x: x) if keepdims else (lambda x: x[:, None])
   m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=keepdims))
-  p = jnp.exp(s - col(m_new))
+  p = exp(s - col(m_new))
   if mask is not None:
     p = jnp.where(mask, p, 0.0)
-  alpha = jnp.exp(m - m_new)
+  alpha = exp(m - m_new)
   acc = col(alpha) * acc + dot_nn(p.astype(v.dtype), v)
   return acc, m_new, alpha * l + jnp.sum(p, axis=1, keepdims=keepdims)

@@ -17,13 +17,16 @@ from jax.experimental import pallas as pl
 from agentic_rl.kernels import _common
 
 
-def logits(cfg, q, k):
-  """Scaled (and soft-capped) logits ``[bq, bk]`` fp32, and tanh or None."""
-  s = _common.dot_nt(q, k) * cfg.scale
+def logits(cfg, q, k, *, base2=False):
+  """Scaled (and soft-capped) logits ``[bq, bk]`` fp32, and tanh or None.
+
+  ``base2``: the logits times ``log2(e)``, for a softmax taken with ``exp2``
+  (the same probabilities; see :func:`_common.online_softmax_step`)."""
+  unit = _common.LOG2E if base2 else 1.0
   if cfg.softcap is None:
-    return s, None
-  t = jnp.tanh(s / cfg.softcap)
-  return cfg.softcap * t, t
+    return _common.dot_nt(q, k) * (cfg.scale * unit), None
+  t = jnp.tanh(_common.dot_nt(q, k) * (cfg.scale / cfg.softcap))
+  return (cfg.softcap * unit) * t, t
 
 
 def visible(cfg, qp, kp, q_seg, k_seg, window, shape):
@@ -91,7 +94,10 @@ def full_query_blocks(cfg, k_start, bk, bq, window):
     return None
   full_lo, full_hi = 0, pl.cdiv(cfg.T, bq)
   if cfg.Sp > cfg.S:  # a block holding padded keys is never fully visible
-    full_hi = jnp.where(k_start + bk > cfg.S, 0, full_hi)
+    # Strongly typed branches: jax's Triton lowering gives a weakly typed
+    # scalar literal in a select the predicate's type (i1).
+    full_hi = jnp.where(k_start + bk > cfg.S, jnp.int32(0),
+                        jnp.int32(full_hi))
   if cfg.causal:  # first query >= last key
     full_lo = lax.div(k_start + bk - 1 + bq - 1, bq)
   if window is not None:  # last query - first key < window

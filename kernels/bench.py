@@ -69,19 +69,24 @@ class Case:
   backend: str = "triton"  # the Pallas kernel family (picks the tune grid)
 
 
-# Tile sizes --tune tries, per (op, mode): field -> candidates.
+# Tile sizes --tune tries, per (op, mode): field -> candidates, or a tuple of
+# fields -> candidate tuples (tried jointly: one kernel's two tile edges).
 TUNE_GRIDS = {
-    ("flash_attention", "fwd"): dict(
-        block_q=(32, 64, 128), block_k=(32, 64, 128), num_warps_fwd=(4, 8),
-        num_stages=(2, 3, 4)),
-    ("flash_attention", "fwd+bwd"): dict(
-        block_q_dq=(32, 64, 128), block_k_dq=(32, 64, 128),
-        block_q_dkv=(32, 64, 128), block_k_dkv=(32, 64, 128),
-        num_warps_bwd=(4, 8)),
+    ("flash_attention", "fwd"): {
+        ("block_q", "block_k"): ((128, 32), (128, 64), (128, 128), (64, 64),
+                                 (64, 128)),
+        "num_stages_fwd": (2, 3, 4)},
+    ("flash_attention", "fwd+bwd"): {
+        ("block_q_dq", "block_k_dq"): ((64, 64), (128, 32), (128, 64),
+                                       (128, 128), (64, 128)),
+        ("block_q_dkv", "block_k_dkv"): ((32, 128), (64, 64), (64, 128),
+                                         (128, 32), (128, 64), (128, 128)),
+        "num_warps_bwd": (4, 8), "num_stages_bwd": (1, 2, 3)},
     ("token_logprobs", "fwd"): dict(
-        block_n=(64, 128), block_v=(64, 128, 256), block_d=(32, 64, 128),
+        block_n=(64, 128), block_v=(128, 256), block_d=(32, 64, 128),
         num_warps=(4, 8), num_stages=(2, 3, 4)),
-    ("token_logprobs", "fwd+bwd"): dict(chunk_v=(4096, 8192, 16384)),
+    ("token_logprobs", "fwd+bwd"): dict(chunk_v=(8192, 16384),
+                                        pallas_bwd=(True, False)),
     ("decode_attention", "fwd"): dict(
         block_k=(64, 128, 256), num_splits=(None, 4, 8, 16, 32),
         num_warps=(4, 8), num_stages=(2, 3)),
@@ -305,7 +310,8 @@ def tune(case: Case, repeats: int, warmup: int, *, deadline: float,
   """Coordinate search over ``case``'s Pallas tile sizes (see module doc).
 
   ``start``: tile sizes to begin from when they beat the defaults;
-  ``grid``: field -> candidates (default: ``TUNE_GRIDS``). Stops trying new
+  ``grid``: field (or tuple of fields) -> candidates (default:
+  ``TUNE_GRIDS``). Stops trying new
   tiles once ``time.perf_counter()`` passes ``deadline``. Returns the best
   tiles, their ``ms`` and the defaults' ``default_ms``, and every trial (a
   failing one, such as a tile needing more shared memory than the device
@@ -334,10 +340,12 @@ def tune(case: Case, repeats: int, warmup: int, *, deadline: float,
   if start is not None and score(start) < best_ms:
     best, best_ms = start, score(start)
   for field, values in grid.items():
+    fields = field if isinstance(field, tuple) else (field,)
     for value in values:
       if time.perf_counter() > deadline:
         break
-      candidate = dataclasses.replace(best, **{field: value})
+      value = value if isinstance(field, tuple) else (value,)
+      candidate = dataclasses.replace(best, **dict(zip(fields, value)))
       ms = score(candidate)
       if ms < best_ms:
         best, best_ms = candidate, ms

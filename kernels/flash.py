@@ -8,7 +8,10 @@ Algorithm: FlashAttention-2 (Dao, 2023, arXiv:2307.08691). For each block of
 queries the kernel streams key/value blocks, keeping the running row max
 ``m``, the running softmax denominator ``l`` and the unnormalised output in
 fp32 (the "online softmax"); it stores ``lse = m + log l`` for the backward
-pass, which recomputes ``P = exp(S - lse)`` block by block:
+pass, which recomputes ``P = exp(S - lse)`` block by block. The Triton
+kernels work in base 2 (logits times ``log2 e``, ``exp2``, and a base-2
+``lse``): the same softmax with a cheaper exponential on GPU (see
+:func:`_common.online_softmax_step`).
 
     dV = P^T dO,  dP = dO V^T,  dS = P * (dP - delta),  delta = rowsum(O * dO)
     dQ = scale * dS K,   dK = scale * dS^T Q
@@ -55,17 +58,23 @@ class AttentionBlockSizes:
   ``block_q``/``block_k``: forward query tile and streamed key tile.
   ``*_dq``: the dQ kernel (query tile, streamed key tile). ``*_dkv``: the
   dK/dV kernel (key tile, streamed query tile). Tiles are clipped to the
-  sequence length, so small inputs use small tiles.
+  sequence length, so small inputs use small tiles. ``num_warps_*`` and
+  ``num_stages_*`` (software-pipelining depth) are Triton launch parameters
+  of the forward and of both backward kernels.
+
+  The defaults come from ``python -m agentic_rl.kernels.bench --tune`` on an
+  H200 at T = 4096, head_dim 128, bf16 (see BENCHMARKS.md).
   """
   block_q: int = 128
-  block_k: int = 64
-  block_q_dq: int = 64
+  block_k: int = 128
+  block_q_dq: int = 128
   block_k_dq: int = 64
-  block_q_dkv: int = 64
+  block_q_dkv: int = 128
   block_k_dkv: int = 64
   num_warps_fwd: int = 8
   num_warps_bwd: int = 8
-  num_stages: int = 2
+  num_stages_fwd: int = 2
+  num_stages_bwd: int = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +99,8 @@ class _Config:
   bk_dkv: int
   num_warps_fwd: int
   num_warps_bwd: int
-  num_stages: int
+  num_stages_fwd: int
+  num_stages_bwd: int
   interpret: bool
 
 
@@ -113,7 +123,8 @@ def _make_config(q_shape, k_shape, *, causal, softcap, has_segments,
       Dp=max(_common.MIN_BLOCK, _common.next_pow2(D)), groups=H // K,
       bq=bq, bk=bk, bq_dq=bq_dq, bk_dq=bk_dq, bq_dkv=bq_dkv, bk_dkv=bk_dkv,
       num_warps_fwd=blocks.num_warps_fwd, num_warps_bwd=blocks.num_warps_bwd,
-      num_stages=blocks.num_stages, interpret=interpret)
+      num_stages_fwd=blocks.num_stages_fwd,
+      num_stages_bwd=blocks.num_stages_bwd, interpret=interpret)
 
 
 # --------------------------------------------------------------------------
@@ -186,13 +197,13 @@ def _fwd_kernel(*refs, cfg: _Config):
     k_start = pl.multiple_of(j * bk, bk)
     k = k_ref[pl.ds(k_start, bk), :]
     v = v_ref[pl.ds(k_start, bk), :]
-    s, _ = rules.logits(cfg, q, k)
+    s, _ = rules.logits(cfg, q, k, base2=True)
     mask = None
     if masked:
       k_seg = None if ks_ref is None else ks_ref[pl.ds(k_start, bk)]
       mask = _tile_mask(cfg, q_pos, k_start + lax.iota(jnp.int32, bk),
                         q_seg, k_seg, window)
-    return _common.online_softmax_step(carry, s, mask, v)
+    return _common.online_softmax_step(carry, s, mask, v, base2=True)
 
   spans = _block_ranges(cfg, q_start, bq, bk, window, rules.key_blocks,
                         rules.full_key_blocks)
@@ -200,8 +211,8 @@ def _fwd_kernel(*refs, cfg: _Config):
   seen = l > 0.0
   l_safe = jnp.where(seen, l, 1.0)
   o_ref[...] = (acc / l_safe[:, None]).astype(o_ref.dtype)
-  # Rows that see nothing store lse = 0: their P is masked to 0 anyway.
-  lse_ref[...] = jnp.where(seen, m + jnp.log(l_safe), 0.0)
+  # Base 2. Rows that see nothing store lse = 0: their P is masked to 0.
+  lse_ref[...] = jnp.where(seen, m + jnp.log2(l_safe), 0.0)
 
 
 def _dq_kernel(*refs, cfg: _Config):
@@ -221,13 +232,13 @@ def _dq_kernel(*refs, cfg: _Config):
     k_start = pl.multiple_of(j * bk, bk)
     k = k_ref[pl.ds(k_start, bk), :]
     v = v_ref[pl.ds(k_start, bk), :]
-    s, t = rules.logits(cfg, q, k)
+    s, t = rules.logits(cfg, q, k, base2=True)
     mask = None
     if masked:
       k_seg = None if ks_ref is None else ks_ref[pl.ds(k_start, bk)]
       mask = _tile_mask(cfg, q_pos, k_start + lax.iota(jnp.int32, bk),
                         q_seg, k_seg, window)
-    p = jnp.exp(s - lse[:, None])
+    p = jnp.exp2(s - lse[:, None])
     if mask is not None:
       p = jnp.where(mask, p, 0.0)
     ds = p * (_common.dot_nt(do, v) - delta[:, None])
@@ -263,13 +274,13 @@ def _dkdv_kernel(*refs, cfg: _Config):
       do = do_ref[rows, g, :]
       lse = lse_ref[g, rows]
       delta = delta_ref[g, rows]
-      s, t = rules.logits(cfg, q, k)
+      s, t = rules.logits(cfg, q, k, base2=True)
       mask = None
       if masked:
         q_seg = None if qs_ref is None else qs_ref[rows]
         mask = _tile_mask(cfg, q_start + lax.iota(jnp.int32, bq), k_pos,
                           q_seg, k_seg, window)
-      p = jnp.exp(s - lse[:, None])
+      p = jnp.exp2(s - lse[:, None])
       if mask is not None:
         p = jnp.where(mask, p, 0.0)
       dv = dv + _common.dot_tn(p.astype(do.dtype), do)
@@ -328,7 +339,7 @@ def _forward(cfg: _Config, q, k, v, q_seg, k_seg, window):
       out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                  jax.ShapeDtypeStruct((B, H, cfg.Tp), jnp.float32)],
       compiler_params=plgpu.CompilerParams(
-          num_warps=cfg.num_warps_fwd, num_stages=cfg.num_stages),
+          num_warps=cfg.num_warps_fwd, num_stages=cfg.num_stages_fwd),
       interpret=cfg.interpret,
       name="flash_attention_fwd",
   )(q, k, v, *extra)
@@ -339,7 +350,7 @@ def _backward(cfg: _Config, q, k, v, do, lse, delta, q_seg, k_seg, window):
   K = k.shape[2]
   G, Dp, Tp, Sp = cfg.groups, cfg.Dp, cfg.Tp, cfg.Sp
   params = plgpu.CompilerParams(num_warps=cfg.num_warps_bwd,
-                                num_stages=cfg.num_stages)
+                                num_stages=cfg.num_stages_bwd)
 
   bq, bk = cfg.bq_dq, cfg.bk_dq
   q_tile = pl.BlockSpec((_SQ, bq, _SQ, Dp), lambda i, b, h: (b, i, h, 0))
@@ -499,6 +510,8 @@ def _cudnn(q, k, v, *, causal, segment_ids, window, softcap):
   op = "flash_attention(impl='cudnn')"
   if jax.default_backend() != "gpu":
     raise ValueError(f"{op} needs a GPU; backend is {jax.default_backend()!r}")
+  if q.dtype not in (jnp.float16, jnp.bfloat16):
+    raise ValueError(f"{op} needs float16 or bfloat16 inputs, got {q.dtype}")
   if softcap is not None:
     raise ValueError(f"{op} does not support softcap")
   local = None

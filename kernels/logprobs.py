@@ -29,7 +29,9 @@ Implementations:
   epilogue merges the splits.
   Backward is a ``lax.scan`` over vocab chunks: a Triton kernel recomputes
   the chunk's logits and writes its logit gradient ``g`` (``[N, chunk]`` in
-  W's dtype), then two XLA matmuls apply it to ``dh`` and ``dW``.
+  W's dtype), then two XLA matmuls apply it to ``dh`` and ``dW``. With
+  ``LogprobBlockSizes(pallas_bwd=False)`` the chunk's logits are recomputed
+  by an XLA dot instead (cuBLAS on GPU), as in ``"xla_chunked"``.
 * ``"xla_chunked"``: the same chunked scans in pure JAX (forward and
   backward), with a ``custom_vjp`` that recomputes logits chunk by chunk.
   This is the memory-lean path on CPU, where Pallas runs interpreted.
@@ -46,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -68,13 +71,18 @@ IMPLS = ("xla", "xla_chunked", "pallas")
 class LogprobBlockSizes:
   """Tiling. ``block_*`` are Pallas tile edges (powers of two >= 16);
   ``chunk_v`` is the vocabulary chunk of the backward scan, the forward's
-  vocab split, and the ``xla_chunked`` chunk (rounded to ``block_v``)."""
+  vocab split, and the ``xla_chunked`` chunk (rounded to ``block_v``).
+  ``pallas_bwd``: the backward recomputes each chunk's logits in the Triton
+  kernel (True) or with an XLA dot (False). The defaults come from
+  ``python -m agentic_rl.kernels.bench --tune`` on an H200 (BENCHMARKS.md).
+  """
   block_n: int = 128
-  block_v: int = 128
+  block_v: int = 256
   block_d: int = 64
   chunk_v: int = 8192
   num_warps: int = 8
   num_stages: int = 3
+  pallas_bwd: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +100,15 @@ class _Config:
   chunk: int  # multiple of bv, <= Vp
   num_warps: int
   num_stages: int
+  pallas_bwd: bool
   interpret: bool
+
+  @property
+  def col_align(self) -> int:
+    """A divisor of every tile's first column: tile starts are multiples of
+    ``bv`` or end at ``Vp``. Told to Triton, it keeps the loads of ``W``'s
+    rows vectorised when the start is a traced value."""
+    return math.gcd(self.Vp, self.bv)
 
   @property
   def num_chunks(self) -> int:
@@ -109,7 +125,7 @@ def _make_config(impl, N, D, V, *, temperature, softcap,
   bd = _common.block_size(blocks.block_d, D, name + "block_d")
   common = dict(impl=impl, inv_temperature=1.0 / temperature, softcap=softcap,
                 V=V, num_warps=blocks.num_warps, num_stages=blocks.num_stages,
-                interpret=interpret)
+                pallas_bwd=blocks.pallas_bwd, interpret=interpret)
   if impl != "pallas":  # plain XLA: no tiles, only vocabulary chunks
     return _Config(Vp=V, Np=N, Dp=D, bn=bn, bv=bv, bd=bd,
                    chunk=min(blocks.chunk_v, V), **common)
@@ -166,7 +182,8 @@ def _fwd_kernel(h_ref, w_ref, t_ref, m_ref, l_ref, s1_ref, zt_ref, *,
 
   def body(j, stats):
     start = split_start + j * bv
-    col = jnp.minimum(start, cfg.Vp - bv)  # the last tile ends at Vp
+    # The last tile ends at Vp.
+    col = pl.multiple_of(jnp.minimum(start, cfg.Vp - bv), cfg.col_align)
     x = _tile_logits(cfg, h_ref, w_ref, col)
     cols = col + lax.iota(jnp.int32, bv)
     return tiles.merge(stats, tiles.tile_stats(
@@ -201,7 +218,7 @@ def _grad_kernel(h_ref, w_ref, t_ref, lse_ref, ez_ref, dlp_ref, dent_ref,
                  start_ref, g_ref, *, cfg: _Config):
   """Writes the logit gradient of one [bn, bv] tile of chunk at ``start``."""
   start, nominal = start_ref[0], start_ref[1]
-  col = start + pl.program_id(1) * cfg.bv
+  col = pl.multiple_of(start + pl.program_id(1) * cfg.bv, cfg.col_align)
   x = _tile_logits(cfg, h_ref, w_ref, col)
   cols = col + lax.iota(jnp.int32, cfg.bv)
   g = tiles.logit_grad(cfg, x, cols, _column_mask(cfg, cols, nominal),
@@ -277,7 +294,8 @@ def _fused_fwd(cfg: _Config, h, w, targets):
 def _fused_bwd(cfg: _Config, res, cotangents):
   h, w, targets, lse, ez = res
   d_logp, d_ent = (c.astype(jnp.float32) for c in cotangents)
-  grad_fn = _pallas_grad_chunk if cfg.impl == "pallas" else _xla_grad_chunk
+  grad_fn = (_pallas_grad_chunk if cfg.impl == "pallas" and cfg.pallas_bwd
+             else _xla_grad_chunk)
 
   def body(carry, c):
     dh, dw = carry

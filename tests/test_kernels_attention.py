@@ -153,6 +153,34 @@ def test_bf16_gqa_window_matches_fp32_reference(backend, T):
     _assert_close(g, rg, 1e-2)
 
 
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
+@pytest.mark.parametrize("impl", ["pallas", "cudnn"])
+@pytest.mark.parametrize("opts", [dict(), dict(sliding_window=100),
+                                  dict(segment_ids="packed")],
+                         ids=["causal", "window", "segments"])
+def test_gpu_default_tiles_and_cudnn_match_fp32_reference(impl, opts):
+  """Compiled at the default (tuned) tiles, several blocks long, bf16 GQA."""
+  B, T, H, K, D = 2, 520, 8, 2, 64
+  q, k, v, ct = _inputs(8, B, T, T, H, K, D, jnp.bfloat16)
+  opts = dict(opts)
+  if opts.get("segment_ids") == "packed":
+    opts["segment_ids"] = _packed_segments(B, T)
+  if impl == "cudnn":
+    T = 512  # cuDNN's fused kernels want tile-multiple lengths
+    q, k, v, ct = q[:, :T], k[:, :T], v[:, :T], ct[:, :T]
+    if "segment_ids" in opts:
+      opts["segment_ids"] = opts["segment_ids"][:, :T]
+  out, grads = _value_and_grads(
+      functools.partial(kernels.flash_attention, impl=impl, **opts),
+      q, k, v, ct)
+  f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+  ref_out, ref_grads = _value_and_grads(
+      functools.partial(reference.attention, **opts), *f32, ct)
+  _assert_close(out, ref_out, 1e-2)
+  for g, rg in zip(grads, ref_grads):
+    _assert_close(g, rg, 1e-2)
+
+
 def test_eager_and_default_blocks_match_xla():
   """No jit, default tile sizes (clipped to the short sequence)."""
   q, k, v, _ = _inputs(5, 1, 24, 24, 2, 1, 16)
@@ -182,7 +210,8 @@ def test_traced_window_under_scan_matches_per_layer_static_windows():
     (dict(softcap=-1.0), "softcap must be finite and > 0"),
     (dict(softcap=jnp.float32(2.0)), "softcap must be a Python number"),
     (dict(segment_ids=jnp.zeros((2, 7), jnp.int32)), "segment_ids must have"),
-    (dict(impl="cudnn"), "needs a GPU"),
+    (dict(impl="cudnn"),  # fp32 inputs
+     "needs a GPU" if jax.default_backend() != "gpu" else "bfloat16 inputs"),
     (dict(block_sizes=kernels.AttentionBlockSizes(block_q=24)),
      "power of two"),
     (dict(backend="mosaic"), "unknown Pallas backend"),

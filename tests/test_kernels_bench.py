@@ -47,11 +47,15 @@ def _quick_decode_case():
 def test_tune_keeps_the_fastest_tiles_and_records_failures():
   case = _quick_decode_case()
   result = bench.tune(case, repeats=1, warmup=0, deadline=float("inf"),
-                      grid={"block_k": (24, 32), "num_splits": (2,)})
+                      grid={"block_k": (24, 32),
+                            ("num_splits", "num_warps"): ((2, 2),)})
   trials = result["trials"]
-  # The defaults, then each candidate once (block_k=24 is not a power of 2).
+  # The defaults, then each candidate once (block_k=24 is not a power of 2);
+  # a tuple of fields is set jointly.
   assert [t["blocks"]["block_k"] for t in trials[:3]] == [128, 24, 32]
-  assert len(trials) == 4 and trials[3]["blocks"]["num_splits"] == 2
+  assert len(trials) == 4
+  assert (trials[3]["blocks"]["num_splits"], trials[3]["blocks"]["num_warps"]
+          ) == (2, 2)
   assert "error" in trials[1] and "ms" not in trials[1]
   timed = [t for t in trials if "ms" in t]
   fastest = min(timed, key=lambda t: t["ms"])

@@ -1,5 +1,6 @@
 """Fused token log-prob + entropy: Pallas (interpret) and xla_chunked."""
 
+import dataclasses
 import functools
 
 import chex
@@ -62,6 +63,9 @@ TPU_TINY = dict(backend="mosaic_tpu",
                 block_sizes=kernels.TpuLogprobBlockSizes(block_n=128,
                                                          block_v=128))
 PATHS = {"pallas": (37, dict(block_sizes=TINY)),
+         # Triton forward, backward recomputing logits with XLA dots.
+         "pallas_xla_bwd": (37, dict(block_sizes=dataclasses.replace(
+             TINY, pallas_bwd=False))),
          "xla_chunked": (37, dict(block_sizes=TINY)),
          "pallas_tpu": (200, TPU_TINY)}
 
@@ -71,7 +75,7 @@ PATHS = {"pallas": (37, dict(block_sizes=TINY)),
 def test_matches_log_softmax_and_exact_entropy(path, temperature, softcap):
   N, blocks = PATHS[path]
   D, V = 48, 300
-  impl = "pallas" if path == "pallas_tpu" else path
+  impl = "xla_chunked" if path == "xla_chunked" else "pallas"
   h, w, targets, a, b = _inputs(1, N, D, V)
   opts = dict(temperature=temperature, softcap=softcap)
   (logp, ent), (dh, dw) = _value_and_grads(impl, h, w, targets, a, b,

@@ -30,9 +30,24 @@ _TRITON_CALLS = ("__gpu$xla.gpu.triton", "triton_kernel_call_ffi")
 
 @pytest.fixture
 def compiled_pallas(monkeypatch):
-  """Makes impl='pallas' pick the compiled (Triton) kernels on this CPU."""
+  """Makes impl='pallas' pick the compiled (Triton) kernels on this CPU, and
+  verifies every Triton module they lower to (operand types, for one: an
+  ill-typed module lowers fine and fails only in Triton's parser on a GPU)."""
   monkeypatch.setattr(_common, "pallas_backend",
                       lambda op, backend=None: ("triton", False))
+  try:
+    from jax._src.pallas.triton import lowering  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return
+  lower = lowering.lower_jaxpr_to_triton_module
+
+  def lower_and_verify(*args, **kwargs):
+    result = lower(*args, **kwargs)
+    result.module.operation.verify()  # raises on an invalid module
+    return result
+
+  monkeypatch.setattr(lowering, "lower_jaxpr_to_triton_module",
+                      lower_and_verify)
 
 
 @pytest.fixture
@@ -81,9 +96,10 @@ def _spec(shape, dtype=jnp.bfloat16):
 
 
 def _flash_grads(opts):
-  """``(grad fn of a flash-attention loss, its argument specs)`` at 4k."""
-  B, T, H, K, D = 2, 4096, 8, 2, 128
+  """``(grad fn of a flash-attention loss, its argument specs)`` at 4k (or
+  ``T``)."""
   opts = dict(opts)
+  B, T, H, K, D = 2, opts.pop("T", 4096), 8, 2, 128
   use_seg = opts.pop("segment_ids", False)
   use_window = opts.pop("sliding_window", False)
 
@@ -102,7 +118,8 @@ FLASH_OPTS = pytest.mark.parametrize("opts", [
     dict(),
     dict(segment_ids=True, sliding_window=True, softcap=30.0),
     dict(causal=False),
-], ids=["causal", "segments_window_softcap", "noncausal"])
+    dict(T=4000, sliding_window=True),  # padded keys: partial last blocks
+], ids=["causal", "segments_window_softcap", "noncausal", "unaligned_window"])
 
 
 @FLASH_OPTS
@@ -124,16 +141,21 @@ def test_decode_attention_lowers_to_triton(compiled_pallas, kv_layout):
                        _spec((B,), jnp.int32), _spec((), jnp.int32)) == 1
 
 
-def test_token_logprobs_fwd_and_bwd_lower_to_triton(compiled_pallas):
+@pytest.mark.parametrize("pallas_bwd", [True, False])
+def test_token_logprobs_fwd_and_bwd_lower_to_triton(compiled_pallas,
+                                                     pallas_bwd):
   N, D, V = 8192, 2048, 128256  # Llama-3 vocabulary: not a tile multiple
+  blocks = kernels.LogprobBlockSizes(pallas_bwd=pallas_bwd)
 
   def loss(h, w, targets):
-    logp, ent = kernels.token_logprobs(h, w, targets, temperature=0.9)
+    logp, ent = kernels.token_logprobs(h, w, targets, temperature=0.9,
+                                       block_sizes=blocks)
     return jnp.sum(logp) + jnp.sum(ent)
 
   grads = jax.grad(loss, argnums=(0, 1))
+  # The forward, and the logit-gradient kernel unless XLA recomputes them.
   assert _triton_calls(grads, _spec((N, D)), _spec((D, V)),
-                       _spec((N,), jnp.int32)) == 2  # forward, logit grad
+                       _spec((N,), jnp.int32)) == (2 if pallas_bwd else 1)
 
 
 @FLASH_OPTS
