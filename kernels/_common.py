@@ -213,11 +213,11 @@ def online_softmax_step(carry, s, mask, v, keepdims=False, base2=False):
   (Mosaic keeps vectors 2-D).
 
   ``base2``: ``s`` is in base 2 (natural logits times ``log2(e)``) and the
-  exponentials are ``exp2``, so ``log l + m`` is a base-2 log-sum-exp. On
-  GPU ``exp2`` is one ``ex2.approx`` while ``exp`` is libdevice's
-  ``__nv_expf`` (a range reduction around the same instruction), and the
-  softmax exponentials compete with the tile matmuls for issue slots
-  (FlashAttention-3, Shah et al., 2024, arXiv:2407.08608, section 3)."""
+  exponentials are ``exp2``, so ``log2 l + m`` is a base-2 log-sum-exp. On
+  GPU, Pallas lowers ``exp2`` to libdevice's ``__nv_exp2f`` and ``exp`` to
+  ``__nv_expf``, which adds a range reduction; the softmax exponentials
+  compete with the tile matmuls for issue slots (FlashAttention-3, Shah et
+  al., 2024, arXiv:2407.08608, section 3)."""
   acc, m, l = carry
   exp = jnp.exp2 if base2 else jnp.exp
   if mask is not None:
