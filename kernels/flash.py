@@ -131,21 +131,12 @@ def _make_config(q_shape, k_shape, *, causal, softcap, has_segments,
 # In-kernel helpers (shared by the forward, dQ and dK/dV kernels).
 
 
-def _tile_mask(cfg: _Config, q_pos, k_pos, q_seg, k_seg, window,
-               transposed=False):
-  """:func:`rules.visible` for 1-D positions and segment ids (Triton tiles):
-  ``[bq, bk]``, or ``[bk, bq]`` if ``transposed``."""
-  def rows(x):
-    return None if x is None else x[:, None]
-
-  def cols(x):
-    return None if x is None else x[None, :]
-
-  q_axis, k_axis = (cols, rows) if transposed else (rows, cols)
-  shape = (q_pos.shape[0], k_pos.shape[0])
-  return rules.visible(cfg, q_axis(q_pos), k_axis(k_pos), q_axis(q_seg),
-                       k_axis(k_seg), window,
-                       shape[::-1] if transposed else shape)
+def _tile_mask(cfg: _Config, q_pos, k_pos, q_seg, k_seg, window):
+  """:func:`rules.visible` for 1-D positions and segment ids (Triton tiles)."""
+  return rules.visible(cfg, q_pos[:, None], k_pos[None, :],
+                       None if q_seg is None else q_seg[:, None],
+                       None if k_seg is None else k_seg[None, :], window,
+                       (q_pos.shape[0], k_pos.shape[0]))
 
 
 def _spans(lo, hi, full):
@@ -274,9 +265,9 @@ def _dkdv_kernel(*refs, cfg: _Config):
   spans = _block_ranges(cfg, k_start, bk, bq, window, rules.query_blocks,
                         rules.full_query_blocks)
 
-  # The tiles are transposed, [bk, bq]: S^T = K Q^T, so P^T and dS^T are
-  # the left operands of the dV and dK products as they are computed (no
-  # transpose of a register tile; the transposed operands are loaded ones).
+  # P^T and dS^T are transposed register tiles here. Transposed tiles
+  # instead (S^T = K Q^T, transposing only loaded Q and dO) measured slower
+  # on an H200 (BENCHMARKS.md, run 3).
   def group(g, carry):
     def body(masked, i, carry):
       dk, dv = carry
@@ -286,20 +277,20 @@ def _dkdv_kernel(*refs, cfg: _Config):
       do = do_ref[rows, g, :]
       lse = lse_ref[g, rows]
       delta = delta_ref[g, rows]
-      s_t, t_t = rules.logits(cfg, k, q, base2=True)
-      mask_t = None
+      s, t = rules.logits(cfg, q, k, base2=True)
+      mask = None
       if masked:
         q_seg = None if qs_ref is None else qs_ref[rows]
-        mask_t = _tile_mask(cfg, q_start + lax.iota(jnp.int32, bq), k_pos,
-                            q_seg, k_seg, window, transposed=True)
-      p_t = jnp.exp2(s_t - lse[None, :])
-      if mask_t is not None:
-        p_t = jnp.where(mask_t, p_t, 0.0)
-      dv = dv + _common.dot_nn(p_t.astype(do.dtype), do)
-      ds_t = p_t * (_common.dot_nt(v, do) - delta[None, :])
-      if t_t is not None:
-        ds_t = ds_t * (1.0 - t_t * t_t)
-      dk = dk + _common.dot_nn(ds_t.astype(q.dtype), q)
+        mask = _tile_mask(cfg, q_start + lax.iota(jnp.int32, bq), k_pos,
+                          q_seg, k_seg, window)
+      p = jnp.exp2(s - lse[:, None])
+      if mask is not None:
+        p = jnp.where(mask, p, 0.0)
+      dv = dv + _common.dot_tn(p.astype(do.dtype), do)
+      ds = p * (_common.dot_nt(do, v) - delta[:, None])
+      if t is not None:
+        ds = ds * (1.0 - t * t)
+      dk = dk + _common.dot_tn(ds.astype(q.dtype), q)
       return dk, dv
     return _loop(spans, body, carry)
 
