@@ -32,22 +32,27 @@ _TRITON_CALLS = ("__gpu$xla.gpu.triton", "triton_kernel_call_ffi")
 def compiled_pallas(monkeypatch):
   """Makes impl='pallas' pick the compiled (Triton) kernels on this CPU, and
   verifies every Triton module they lower to (operand types, for one: an
-  ill-typed module lowers fine and fails only in Triton's parser on a GPU)."""
+  ill-typed module lowers fine and fails only in Triton's parser on a GPU).
+  Returns the list the modules' text is appended to (None where this jax
+  has no such hook)."""
   monkeypatch.setattr(_common, "pallas_backend",
                       lambda op, backend=None: ("triton", False))
   try:
     from jax._src.pallas.triton import lowering  # pylint: disable=g-import-not-at-top
   except ImportError:
-    return
+    return None
   lower = lowering.lower_jaxpr_to_triton_module
+  modules = []
 
   def lower_and_verify(*args, **kwargs):
     result = lower(*args, **kwargs)
     result.module.operation.verify()  # raises on an invalid module
+    modules.append(result.module.operation.get_asm())
     return result
 
   monkeypatch.setattr(lowering, "lower_jaxpr_to_triton_module",
                       lower_and_verify)
+  return modules
 
 
 @pytest.fixture
@@ -156,6 +161,12 @@ def test_token_logprobs_fwd_and_bwd_lower_to_triton(compiled_pallas,
   # The forward, and the logit-gradient kernel unless XLA recomputes them.
   assert _triton_calls(grads, _spec((N, D)), _spec((D, V)),
                        _spec((N,), jnp.int32)) == (2 if pallas_bwd else 1)
+  # Each kernel tells Triton that a vocab tile's first column is a multiple
+  # of gcd(V, block_v) = 256. Without it the W loads are not vectorised:
+  # fwd+bwd took 1.6x as long on an H200 (BENCHMARKS.md).
+  if compiled_pallas is not None:
+    assert len(compiled_pallas) == (2 if pallas_bwd else 1)
+    assert all("tt.divisibility = dense<256>" in m for m in compiled_pallas)
 
 
 @FLASH_OPTS
