@@ -1,7 +1,8 @@
 r"""Benchmark: rollout decode throughput against two baselines, side by side.
 
   python -m experiments.bench_rollout --out runs/bench_rollout.json \
-      [--batch 32] [--new_tokens 256] [--prompt_len 16] [--no_cache_steps 8]
+      [--batch 32] [--new_tokens 256] [--prompt_len 16] [--no_cache_steps 8] \
+      [--cpu_devices N]
 
 One randomly initialised Llama-style model (``TransformerConfig.llama_10m``:
 9.83M parameters, hidden 320, 8 layers, vocab 1024) is created in Hugging
@@ -13,8 +14,11 @@ stop token, for a batch of ``--batch`` random prompts:
 
 * ``engine``: ``RolloutEngine.rollout`` (one jit: prefill, then
   ``lax.while_loop`` s of KV-cache ``decode_step``, the cache growing to its
-  full length in ``cache_segments=4`` steps), no environment;
-* ``engine_full_cache``: the same with ``cache_segments=1`` (every step
+  full length in ``cache_segments=4`` steps), no environment, with the rows
+  split over every device (``row_sharding``; on CPU ``--cpu_devices`` XLA
+  host devices, one per core by default);
+* ``engine_one_device``: the same on one device;
+* ``engine_full_cache``: that with ``cache_segments=1`` (every step
   attends over all ``prompt_len + new_tokens`` slots);
 * ``no_cache``: the same model re-running ``forward`` over the whole
   ``[B, prompt_len + new_tokens]`` token buffer for every new token (one
@@ -26,9 +30,10 @@ stop token, for a batch of ``--batch`` random prompts:
 Compilation and a warm-up are excluded. The contenders are timed in
 ``--repeats`` interleaved rounds and each one's best round is reported, so a
 shared machine's changing speed affects all alike. Prints a table and writes
-JSON with ``engine_tokens_per_s``, ``engine_full_cache_tokens_per_s``,
-``no_cache_tokens_per_s``, ``hf_generate_tokens_per_s``, the speedups, and
-the model size and batch measured.
+JSON with ``engine_tokens_per_s``, ``engine_one_device_tokens_per_s``,
+``engine_full_cache_tokens_per_s``, ``no_cache_tokens_per_s``,
+``hf_generate_tokens_per_s``, the speedups, and the model size, batch and
+device count measured.
 """
 
 import functools
@@ -42,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app
 from absl import flags
+from jax.sharding import NamedSharding, PartitionSpec
 
 from agentic_rl import model as model_lib
 from agentic_rl import rollout
@@ -58,6 +64,10 @@ _REPEATS = flags.DEFINE_integer(
     "repeats", 3, "Timed rounds; each round times every contender once, and "
     "each contender's best round is reported.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed for weights and prompts.")
+_CPU_DEVICES = flags.DEFINE_integer(
+    "cpu_devices", os.cpu_count(), "XLA host devices on CPU (one per core "
+    "lets each core run its own share of the rows); the engine splits its "
+    "rows over all devices.")
 
 
 def _hf_model(config: model_lib.TransformerConfig, seed: int):
@@ -97,6 +107,8 @@ def _no_cache_sampler(params, config, sampling, steps):
 
 def main(argv):
   del argv
+  # Before anything starts a JAX backend.
+  jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value)
   import torch  # pylint: disable=import-outside-toplevel
   B, N, L = _BATCH.value, _NEW.value, _PROMPT.value
   T = L + N
@@ -122,9 +134,16 @@ def main(argv):
   lens = np.full((B,), L, np.int32)
   key = jax.random.key(_SEED.value)
   contenders, compile_s = {}, {}
-  for name, segments in (("engine", 4), ("engine_full_cache", 1)):
+  devices = jax.devices()
+  mesh = jax.make_mesh((len(devices),), ("rows",), devices=devices,
+                       axis_types=(jax.sharding.AxisType.Auto,))
+  rows = NamedSharding(mesh, PartitionSpec("rows")) if len(devices) > 1 else None
+  for name, segments, row_sharding in (("engine", 4, rows),
+                                       ("engine_one_device", 4, None),
+                                       ("engine_full_cache", 1, None)):
     engine = rollout.RolloutEngine(config, sampling, None, batch_size=B,
-                                   cache_segments=segments)
+                                   cache_segments=segments,
+                                   row_sharding=row_sharding)
     run = functools.partial(engine.rollout, params, prompts, lens, None, key, 0)
     start = time.perf_counter()
     out = jax.block_until_ready(run())
@@ -163,15 +182,18 @@ def main(argv):
       start = time.perf_counter()
       fn()
       best[name] = min(best[name], time.perf_counter() - start)
-  engine_s = {k: best[k] for k in ("engine", "engine_full_cache")}
+  engine_s = {k: best[k] for k in ("engine", "engine_one_device", "engine_full_cache")}
   no_cache_s, hf_s = best["no_cache"], best["hf_generate"]
 
   result = {
       "engine_tokens_per_s": B * N / engine_s["engine"],
+      "engine_devices": len(devices),
+      "engine_one_device_tokens_per_s": B * N / engine_s["engine_one_device"],
       "engine_full_cache_tokens_per_s": B * N / engine_s["engine_full_cache"],
       "no_cache_tokens_per_s": B * steps / no_cache_s,
       "hf_generate_tokens_per_s": B * N / hf_s,
       "engine_s": engine_s["engine"], "engine_compile_s": compile_s["engine"],
+      "engine_one_device_s": engine_s["engine_one_device"],
       "engine_full_cache_s": engine_s["engine_full_cache"],
       "engine_full_cache_compile_s": compile_s["engine_full_cache"],
       "no_cache_s": no_cache_s, "no_cache_steps": steps, "hf_generate_s": hf_s,
@@ -193,10 +215,12 @@ def main(argv):
         f"prompt {L}, {jax.default_backend()} (max |logit diff| vs HF "
         f"{logit_diff:.1e}; load average {load_start:.1f} -> "
         f"{os.getloadavg()[0]:.1f})")
-  print(f"{'contender':<14}{'tokens/s':>12}{'x engine':>10}")
-  for name in ("engine", "engine_full_cache", "no_cache", "hf_generate"):
+  print(f"{'contender':<18}{'tokens/s':>12}{'x engine':>10}  (engine on "
+        f"{len(devices)} device{'s' if len(devices) > 1 else ''})")
+  for name in ("engine", "engine_one_device", "engine_full_cache", "no_cache",
+               "hf_generate"):
     rate = result[f"{name}_tokens_per_s"]
-    print(f"{name:<14}{rate:>12.0f}{result['engine_tokens_per_s'] / rate:>10.2f}")
+    print(f"{name:<18}{rate:>12.0f}{result['engine_tokens_per_s'] / rate:>10.2f}")
   common.write_json(_OUT.value, result)
   print(f"wrote {_OUT.value}")
 

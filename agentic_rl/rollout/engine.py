@@ -15,10 +15,11 @@ the model's :func:`~agentic_rl.model.decode_step`:
   rows that stopped), its observation is framed by the codec and queued, and
   the episode ends on ``done``/``truncated``, a final stop id, or a limit.
 
-The loop exits early when no row is live. The KV cache starts at the prompt
-length and grows to the row capacity in up to ``cache_segments`` steps (one
-while loop per size), so attention reads about as many slots as the rows
-hold. Episode limits (tokens per turn, turns, total tokens) truncate a row.
+The loop exits early when no row is live (with a ``row_sharding``, each
+device runs its own loop on its share of the rows). The KV cache starts at
+the prompt length and grows to the row capacity in up to ``cache_segments``
+steps (one while loop per size), so attention reads about as many slots as
+the rows hold. Episode limits (tokens per turn, turns, total tokens) truncate a row.
 Randomness is per row and per position (``fold_in(row_key, position)``), so
 an episode interrupted after any step and resumed
 (:meth:`RolloutEngine.resume`) draws exactly what it would have.
@@ -26,12 +27,14 @@ an episode interrupted after any step and resumed
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from agentic_rl import model as model_lib
 from agentic_rl.envs.base import JaxEnv
@@ -93,12 +96,20 @@ class RolloutEngine:
       (:func:`run_loop`), so attention reads about as many slots as the rows
       hold; each step is one more while loop to compile. 1 allocates all T
       slots up front.
+    row_sharding: optional data-parallel rollout: a ``NamedSharding`` whose
+      spec's first entry names the mesh axes that split the B rows (e.g.
+      ``train.sharding.batch_sharding(mesh)``); rows are replicated over the
+      mesh's other axes, and so are the params. Every row shard runs the
+      loop on its rows alone and stops when they end. Randomness is per row,
+      so the result equals the one-device rollout (log-probs to float
+      rounding). Single-process meshes.
   """
 
   def __init__(self, model_config: model_lib.TransformerConfig,
                sampling: SamplingConfig, ids: FormatIds | None, *,
                env: JaxEnv | None = None, batch_size: int, group_size: int = 1,
-               cache_segments: int = 4):
+               cache_segments: int = 4,
+               row_sharding: NamedSharding | None = None):
     self.model_config = model_config.validate()
     self.sampling = sampling.validate()
     _check_int("batch_size", batch_size)
@@ -124,6 +135,14 @@ class RolloutEngine:
     self.group_size = group_size
     self.num_prompts = batch_size // group_size
     self.cache_segments = cache_segments
+    self.row_sharding = row_sharding
+    if row_sharding is not None:
+      axes = row_sharding.spec[0] if row_sharding.spec else None
+      axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+      shards = int(np.prod([row_sharding.mesh.shape[a] for a in axes]))
+      if batch_size % shards:
+        raise ValueError(f"batch size {batch_size} does not split into the "
+                         f"{shards} row shards of row_sharding ({axes})")
     self._rollout_jit = jax.jit(self._rollout, static_argnames="prefill_len")
     self._init_jit = jax.jit(self._init_state)
     self._advance_jit = jax.jit(self._advance, static_argnames="prefill_len")
@@ -266,8 +285,23 @@ class RolloutEngine:
     return state.to_rollout()
 
   def _advance(self, params, state, version, max_steps, temperature, *, prefill_len):
+    if self.row_sharding is None:
+      return self._advance_rows(params, state, version, max_steps, temperature,
+                                prefill_len=prefill_len)
+    rows, rep = PartitionSpec(*self.row_sharding.spec[:1]), PartitionSpec()
+    # Rows never meet, so there are no collectives to type-check; without
+    # check_vma, environments need no varying-axis casts in their loops.
+    return jax.shard_map(
+        functools.partial(self._advance_rows, prefill_len=prefill_len),
+        mesh=self.row_sharding.mesh, in_specs=(rep, rows, rep, rep, rep),
+        out_specs=rows, check_vma=False)(params, state, version, max_steps, temperature)
+
+  def _advance_rows(self, params, state, version, max_steps, temperature, *,
+                    prefill_len):
+    """Runs the loop on ``state``'s rows (all of them, or one device's)."""
     cache_len = prefill_len if self.cache_segments > 1 else self.max_len
-    cache = model_lib.init_cache(self.model_config, self.batch_size, cache_len)
+    cache = model_lib.init_cache(self.model_config, state.tokens_BxT.shape[0],
+                                 cache_len)
     _, cache = model_lib.prefill(params, state.tokens_BxT[:, :prefill_len],
                                  cache, self.model_config)
     on_stop = self._env_stop if self.env is not None else self._final_stop
@@ -321,8 +355,8 @@ class RolloutEngine:
   def _env_step(self, state, stop_B, token_B):
     """Steps the environment for the rows in ``stop_B`` (others unchanged)."""
     ids, T = self.ids, self.max_len
-    A = self.env.max_action_len
-    rows_Bx1 = jnp.arange(self.batch_size)[:, None]
+    B, A = state.tokens_BxT.shape[0], self.env.max_action_len
+    rows_Bx1 = jnp.arange(B)[:, None]
     seg_len = state.seg_len_B
     start_B = state.cur_B + 1 - seg_len
     offs_A = jnp.arange(A)
@@ -335,7 +369,7 @@ class RolloutEngine:
 
     stopped = lambda x: jnp.where(stop_B, x, 0)
     num_actions = state.num_actions_B + stop_B
-    at_step = (jnp.arange(self.batch_size), state.num_actions_B)
+    at_step = (jnp.arange(B), state.num_actions_B)
     call_hashes = state.call_hashes_BxC.at[at_step].set(
         jnp.where(stop_B, out.info["call_hash"].astype(jnp.int32), -1),
         mode="drop")

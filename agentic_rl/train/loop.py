@@ -69,11 +69,16 @@ class Run:
   def engine(self, sampling: SamplingConfig, rows: int) -> RolloutEngine:
     """One compiled engine per (sampling settings, batch rows), shared by
     the RL stages and evaluation. Rows are episodes (group size 1): groups
-    are made by repeating prompts."""
+    are made by repeating prompts. On a single-process mesh with several
+    batch shards the rows are split over them (a data-parallel rollout)
+    when they divide evenly."""
     key = (sampling, rows)
     if key not in self.engines:
-      self.engines[key] = RolloutEngine(self.model_config, sampling, self.codec.ids,
-                                        env=self.env, batch_size=rows)
+      shards = sharding.batch_shards(self.mesh)
+      split = jax.process_count() == 1 and shards > 1 and rows % shards == 0
+      self.engines[key] = RolloutEngine(
+          self.model_config, sampling, self.codec.ids, env=self.env, batch_size=rows,
+          row_sharding=sharding.batch_sharding(self.mesh) if split else None)
     return self.engines[key]
 
   def rollout(self, params, sampling: SamplingConfig, split: str, ids: np.ndarray, key,
