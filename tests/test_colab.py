@@ -32,8 +32,10 @@ def _execute(tmp_path, monkeypatch, studies: str):
   return nb, images
 
 
-def test_notebook_plots_the_committed_results_and_a_tiny_signal_rerun(tmp_path, monkeypatch):
-  nb, images = _execute(tmp_path, monkeypatch, "signal")
+def test_notebook_plots_the_committed_results_and_a_tiny_rerun(tmp_path, monkeypatch):
+  # The exploration study: two arms, which run side by side (the notebook
+  # runs two jobs at a time), so the test costs one SFT and one arm's time.
+  nb, images = _execute(tmp_path, monkeypatch, "exploration")
   # One figure per committed study, then the tiny rerun's one.
   assert len(images) == _committed_studies() + 1
   assert "ok" in "".join(o.get("text", "") for o in nb.cells[-1].outputs)

@@ -29,7 +29,7 @@ def test_rows_split_over_four_devices_match_one_device():
   assert one["num_tool_calls_B"] == [2] * 8
   assert 0 < out["unfinished_after_40"]  # the partial rollout did carry over
   assert out["loop_row_sharding"] == str(P(("data", "fsdp")))
-  for name in ("four_devices", "partial_four_devices", "loop_engine"):
+  for name in ("partial_four_devices", "loop_engine"):
     got = out[name]
     assert got["devices"] == 4, name
     for field in ("tokens_BxT", "loss_mask_BxT", "version_BxT", "reward_B",
