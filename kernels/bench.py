@@ -77,6 +77,7 @@ TUNE_GRIDS = {
                                  (64, 128)),
         "num_stages_fwd": (2, 3, 4)},
     ("flash_attention", "fwd+bwd"): {
+        "fused_bwd": (False, True),
         ("block_q_dq", "block_k_dq"): ((64, 64), (128, 32), (128, 64),
                                        (128, 128), (64, 128)),
         ("block_q_dkv", "block_k_dkv"): ((32, 128), (64, 64), (64, 128),
@@ -168,10 +169,14 @@ def _attention_cases(backend, B, T, H, K, D, dtype, window=None):
                              sliding_window=window, impl=impl,
                              block_sizes=blocks, backend=backend)
 
-  return _fwd_and_bwd_cases(
+  fwd, fwd_bwd = _fwd_and_bwd_cases(
       "flash_attention", shape, dtype, (q, k, v), backend, attend,
       lambda out: jnp.sum(out.astype(jnp.float32)), (0, 1, 2),
       flops=fwd_flops, bwd_flops=3.5 * fwd_flops)
+  if backend == "triton":  # the backward's other schedule, side by side
+    fwd_bwd.fns["pallas_fused_bwd"] = fwd_bwd.pallas_with(
+        kernels.AttentionBlockSizes(fused_bwd=True))
+  return [fwd, fwd_bwd]
 
 
 def _logprob_cases(backend, N, D, V, dtype):

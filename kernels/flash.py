@@ -22,6 +22,13 @@ exactly: query ``t`` sees key ``s`` iff (not causal or ``s <= t``), ``t - s <
 window`` and the segment ids agree; positions are ``arange``. Rows that see no
 key return zeros and get zero gradients.
 
+The backward runs as a dQ kernel (per query block, streaming keys) and a
+dK/dV kernel (per key block, streaming queries): 7 tile matmuls per block
+pair. With ``AttentionBlockSizes(fused_bwd=True)`` the dK/dV kernel also adds
+each ``dS K`` product to an fp32 dQ with atomic adds and the dQ kernel is
+skipped (FlashAttention-2's own schedule: 5 matmuls per pair, at the price of
+the atomics and a nondeterministic summation order).
+
 Layout is ``[batch, time, heads, head_dim]`` like
 ``jax.nn.dot_product_attention``; key/value may have fewer heads (GQA/MQA):
 query head ``h`` reads key/value head ``h // (H // K)``. Lengths that are not
@@ -60,7 +67,9 @@ class AttentionBlockSizes:
   dK/dV kernel (key tile, streamed query tile). Tiles are clipped to the
   sequence length, so small inputs use small tiles. ``num_warps_*`` and
   ``num_stages_*`` (software-pipelining depth) are Triton launch parameters
-  of the forward and of both backward kernels.
+  of the forward and of both backward kernels. ``fused_bwd``: accumulate dQ
+  in the dK/dV kernel with fp32 atomic adds instead of running the dQ kernel
+  (see the module docstring; not yet timed on a GPU, so off).
 
   The defaults come from ``python -m agentic_rl.kernels.bench --tune`` on an
   H200 at T = 4096, head_dim 128, bf16 (see BENCHMARKS.md).
@@ -75,6 +84,7 @@ class AttentionBlockSizes:
   num_warps_bwd: int = 8
   num_stages_fwd: int = 2
   num_stages_bwd: int = 2
+  fused_bwd: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +111,7 @@ class _Config:
   num_warps_bwd: int
   num_stages_fwd: int
   num_stages_bwd: int
+  fused_bwd: bool
   interpret: bool
 
 
@@ -124,7 +135,8 @@ def _make_config(q_shape, k_shape, *, causal, softcap, has_segments,
       bq=bq, bk=bk, bq_dq=bq_dq, bk_dq=bk_dq, bq_dkv=bq_dkv, bk_dkv=bk_dkv,
       num_warps_fwd=blocks.num_warps_fwd, num_warps_bwd=blocks.num_warps_bwd,
       num_stages_fwd=blocks.num_stages_fwd,
-      num_stages_bwd=blocks.num_stages_bwd, interpret=interpret)
+      num_stages_bwd=blocks.num_stages_bwd, fused_bwd=blocks.fused_bwd,
+      interpret=interpret)
 
 
 # --------------------------------------------------------------------------
@@ -253,8 +265,10 @@ def _dq_kernel(*refs, cfg: _Config):
 
 
 def _dkdv_kernel(*refs, cfg: _Config):
-  (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref), qs_ref, ks_ref, w_ref, (
-      dk_ref, dv_ref) = _split_refs(cfg, refs, 6)
+  (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref), qs_ref, ks_ref, w_ref, out = (
+      _split_refs(cfg, refs, 6))
+  # Fused: out = (zero dQ input, dK, dV, the same dQ as output: aliased).
+  dk_ref, dv_ref, dq_ref = out[1:] if cfg.fused_bwd else (*out, None)
   bq, bk = cfg.bq_dkv, cfg.bk_dkv
   k_start = pl.program_id(0) * bk
   k = k_ref[...]
@@ -291,6 +305,10 @@ def _dkdv_kernel(*refs, cfg: _Config):
       if t is not None:
         ds = ds * (1.0 - t * t)
       dk = dk + _common.dot_tn(ds.astype(q.dtype), q)
+      if dq_ref is not None:  # unscaled; the wrapper applies the scale
+        # (g as an array: the interpreter's atomic rule reads index shapes)
+        plgpu.atomic_add(dq_ref, (rows, jnp.asarray(g, jnp.int32), slice(None)),
+                         _common.dot_nn(ds.astype(k.dtype), k))
       return dk, dv
     return _loop(spans, body, carry)
 
@@ -349,29 +367,13 @@ def _forward(cfg: _Config, q, k, v, q_seg, k_seg, window):
 
 
 def _backward(cfg: _Config, q, k, v, do, lse, delta, q_seg, k_seg, window):
-  B, _, H, _ = q.shape
-  K = k.shape[2]
+  B, K = k.shape[0], k.shape[2]
   G, Dp, Tp, Sp = cfg.groups, cfg.Dp, cfg.Tp, cfg.Sp
   params = plgpu.CompilerParams(num_warps=cfg.num_warps_bwd,
                                 num_stages=cfg.num_stages_bwd)
 
-  bq, bk = cfg.bq_dq, cfg.bk_dq
-  q_tile = pl.BlockSpec((_SQ, bq, _SQ, Dp), lambda i, b, h: (b, i, h, 0))
-  kv_all = pl.BlockSpec((_SQ, Sp, _SQ, Dp), lambda i, b, h: (b, 0, h // G, 0))
-  row = pl.BlockSpec((_SQ, _SQ, bq), lambda i, b, h: (b, h, i))
-  extra_specs, extra = _extra_operands(
-      cfg, q_seg, k_seg, window,
-      ((_SQ, bq), lambda i, b, h: (b, i)),
-      ((_SQ, Sp), lambda i, b, h: (b, 0)))
-  dq = pl.pallas_call(
-      functools.partial(_dq_kernel, cfg=cfg),
-      grid=(Tp // bq, B, H),
-      in_specs=[q_tile, kv_all, kv_all, q_tile, row, row] + extra_specs,
-      out_specs=q_tile,
-      out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-      compiler_params=params, interpret=cfg.interpret,
-      name="flash_attention_dq",
-  )(q, k, v, do, lse, delta, *extra)
+  if not cfg.fused_bwd:
+    dq = _dq_call(cfg, q, k, v, do, lse, delta, q_seg, k_seg, window, params)
 
   bq, bk = cfg.bq_dkv, cfg.bk_dkv
   q_all = pl.BlockSpec((_SQ, Tp, G, Dp), lambda j, b, kh: (b, 0, kh, 0))
@@ -381,17 +383,53 @@ def _backward(cfg: _Config, q, k, v, do, lse, delta, q_seg, k_seg, window):
       cfg, q_seg, k_seg, window,
       ((_SQ, Tp), lambda j, b, kh: (b, 0)),
       ((_SQ, bk), lambda j, b, kh: (b, j)))
-  dk, dv = pl.pallas_call(
+  in_specs = [q_all, kv_tile, kv_tile, q_all, rows, rows] + extra_specs
+  out_specs = [kv_tile, kv_tile]
+  out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype),
+               jax.ShapeDtypeStruct(v.shape, v.dtype)]
+  operands = [q, k, v, do, lse, delta, *extra]
+  aliases = {}
+  if cfg.fused_bwd:  # every key block adds into the whole dQ of its heads
+    aliases = {len(operands): 2}
+    operands.append(jnp.zeros(q.shape, jnp.float32))
+    in_specs.append(q_all)
+    out_specs.append(q_all)
+    out_shape.append(jax.ShapeDtypeStruct(q.shape, jnp.float32))
+  grads = pl.pallas_call(
       functools.partial(_dkdv_kernel, cfg=cfg),
       grid=(Sp // bk, B, K),
-      in_specs=[q_all, kv_tile, kv_tile, q_all, rows, rows] + extra_specs,
-      out_specs=[kv_tile, kv_tile],
-      out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
-                 jax.ShapeDtypeStruct(v.shape, v.dtype)],
+      in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+      input_output_aliases=aliases,
       compiler_params=params, interpret=cfg.interpret,
       name="flash_attention_dkdv",
+  )(*operands)
+  if not cfg.fused_bwd:
+    return (dq, *grads)
+  dk, dv, dq = grads
+  return (dq * cfg.scale).astype(q.dtype), dk, dv
+
+
+def _dq_call(cfg: _Config, q, k, v, do, lse, delta, q_seg, k_seg, window,
+             params):
+  B, _, H, _ = q.shape
+  G, Dp, Tp, Sp = cfg.groups, cfg.Dp, cfg.Tp, cfg.Sp
+  bq = cfg.bq_dq
+  q_tile = pl.BlockSpec((_SQ, bq, _SQ, Dp), lambda i, b, h: (b, i, h, 0))
+  kv_all = pl.BlockSpec((_SQ, Sp, _SQ, Dp), lambda i, b, h: (b, 0, h // G, 0))
+  row = pl.BlockSpec((_SQ, _SQ, bq), lambda i, b, h: (b, h, i))
+  extra_specs, extra = _extra_operands(
+      cfg, q_seg, k_seg, window,
+      ((_SQ, bq), lambda i, b, h: (b, i)),
+      ((_SQ, Sp), lambda i, b, h: (b, 0)))
+  return pl.pallas_call(
+      functools.partial(_dq_kernel, cfg=cfg),
+      grid=(Tp // bq, B, H),
+      in_specs=[q_tile, kv_all, kv_all, q_tile, row, row] + extra_specs,
+      out_specs=q_tile,
+      out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+      compiler_params=params, interpret=cfg.interpret,
+      name="flash_attention_dq",
   )(q, k, v, do, lse, delta, *extra)
-  return dq, dk, dv
 
 
 # --------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Flash attention: Pallas kernels (interpret mode on CPU) vs references."""
 
+import dataclasses
 import functools
 
 import chex
@@ -91,6 +92,22 @@ CASES = [
                          ids=[c[0] for c in CASES])
 def test_pallas_matches_reference_fwd_and_grads(name, backend, shape, opts,
                                                 vs_nn):
+  _check_against_references(name, backend, TILES[backend], shape, opts, vs_nn)
+
+
+TRITON_CASES = [c for c in CASES if c[1] == "triton"]
+
+
+@pytest.mark.parametrize("name,backend,shape,opts,vs_nn", TRITON_CASES,
+                         ids=[c[0] for c in TRITON_CASES])
+def test_fused_backward_matches_reference(name, backend, shape, opts, vs_nn):
+  """dQ from the dK/dV kernel's atomic adds (``fused_bwd``)."""
+  _check_against_references(name, backend,
+                            dataclasses.replace(TINY, fused_bwd=True), shape,
+                            opts, vs_nn)
+
+
+def _check_against_references(name, backend, tiles, shape, opts, vs_nn):
   B, T, S, H, K, D = shape
   q, k, v, ct = _inputs(sum(map(ord, name)), *shape)
   opts = dict(opts)
@@ -98,7 +115,7 @@ def test_pallas_matches_reference_fwd_and_grads(name, backend, shape, opts,
     opts["segment_ids"] = _packed_segments(B, T)
   out, grads = _value_and_grads(
       functools.partial(kernels.flash_attention, impl="pallas",
-                        backend=backend, block_sizes=TILES[backend], **opts),
+                        backend=backend, block_sizes=tiles, **opts),
       q, k, v, ct)
   references = [functools.partial(reference.attention, **opts)]
   if vs_nn:
@@ -162,20 +179,25 @@ def test_bf16_gqa_window_matches_fp32_reference(backend, T):
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
-@pytest.mark.parametrize("impl", ["pallas", "cudnn"])
+@pytest.mark.parametrize("impl", ["pallas", "pallas_fused_bwd", "cudnn"])
 @pytest.mark.parametrize("opts", [dict(), dict(sliding_window=100),
                                   dict(segment_ids="packed")],
                          ids=["causal", "window", "segments"])
 def test_gpu_default_tiles_and_cudnn_match_fp32_reference(impl, opts):
-  """Compiled at the default (tuned) tiles, several blocks long, bf16 GQA."""
+  """Compiled at the default (tuned) tiles, several blocks long, bf16 GQA;
+  ``pallas_fused_bwd``: the same with ``fused_bwd=True``."""
   # cuDNN at a tile-multiple length (the Pallas case covers ragged ones).
   B, T, H, K, D = 2, 512 if impl == "cudnn" else 520, 8, 2, 64
   q, k, v, ct = _inputs(8, B, T, T, H, K, D, jnp.bfloat16)
   opts = dict(opts)
   if opts.get("segment_ids") == "packed":
     opts["segment_ids"] = _packed_segments(B, T)
+  blocks = None
+  if impl == "pallas_fused_bwd":
+    impl, blocks = "pallas", kernels.AttentionBlockSizes(fused_bwd=True)
   _assert_bf16_matches_fp32_reference(
-      functools.partial(kernels.flash_attention, impl=impl, **opts),
+      functools.partial(kernels.flash_attention, impl=impl,
+                        block_sizes=blocks, **opts),
       q, k, v, ct, opts)
 
 
