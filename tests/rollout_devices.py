@@ -18,14 +18,10 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from agentic_rl import envs
-from agentic_rl import model as model_lib
 from agentic_rl import rollout
-from agentic_rl.envs import prompts as prompts_lib
-from agentic_rl.envs.calc_chain import CalcLevel
-from agentic_rl.text import default_codec, pad_batch
 from agentic_rl.train import loop
 from agentic_rl.train import sharding
+from calc_batch import calc_chain_batch
 
 NUM_PROMPTS, G = 4, 2
 SAMPLING = rollout.SamplingConfig(max_new_tokens_per_turn=32, max_turns=8,
@@ -35,21 +31,9 @@ FIELDS = ("tokens_BxT", "loss_mask_BxT", "behaviour_logp_BxT", "version_BxT",
 
 
 def main():
-  codec = default_codec()
-  env = envs.make_env("calc_chain", codec, max_action_len=32,
-                      levels=(CalcLevel(3, 2, 1),))
-  config = model_lib.TransformerConfig.tiny(vocab_size=codec.tokenizer.vocab_size)
-  params = model_lib.init_params(config, jax.random.key(0))
-  instances = jax.jit(jax.vmap(lambda k: env.generate(k, 0)))(
-      jax.random.split(jax.random.key(1), NUM_PROMPTS))
-  prompts = [codec.encode_prompt(prompts_lib.prompt_messages(
-      env, jax.tree.map(lambda x: x[i], instances))) for i in range(NUM_PROMPTS)]
-  inputs = (pad_batch(prompts, max(map(len, prompts))),
-            np.array([len(p) for p in prompts], np.int32), instances)
-  call_ids = codec.tokenizer.encode(
-      "<tool_call>calc 12+3</tool_call><tool_call>calc 4*5</tool_call>")
-  script = dict(script_PxS=np.tile(np.asarray(call_ids, np.int32), (NUM_PROMPTS, 1)),
-                script_len_P=np.full((NUM_PROMPTS,), len(call_ids), np.int32))
+  s = calc_chain_batch(NUM_PROMPTS)
+  codec, env, config, params = s["codec"], s["env"], s["config"], s["params"]
+  inputs, script, instances = s["inputs"], s["script"], s["instances"]
   key = jax.random.key(7)
 
   def engine(row_sharding):

@@ -8,14 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentic_rl import envs
 from agentic_rl import model as model_lib
 from agentic_rl import rollout
-from agentic_rl.envs import prompts as prompts_lib
 from agentic_rl.envs import scripted
-from agentic_rl.envs.calc_chain import CalcLevel
 from agentic_rl.model import scoring
-from agentic_rl.text import default_codec, pad_batch
+from agentic_rl.text import pad_batch
+from calc_batch import calc_chain_batch
 
 P, G = 2, 2
 SAMPLING = rollout.SamplingConfig(max_new_tokens_per_turn=32, max_turns=8,
@@ -28,26 +26,17 @@ def _row(tree, i):
 
 @pytest.fixture(scope="module")
 def setup():
-  codec = default_codec()
   # Three-operation chains: the stepwise script makes three calls, then answers.
-  env = envs.make_env("calc_chain", codec, max_action_len=32,
-                      levels=(CalcLevel(3, 2, 1),))
-  config = model_lib.TransformerConfig.tiny(vocab_size=codec.tokenizer.vocab_size)
-  params = model_lib.init_params(config, jax.random.key(0))
-  instances = jax.jit(jax.vmap(lambda k: env.generate(k, 0)))(
-      jax.random.split(jax.random.key(1), P))
+  s = calc_chain_batch(P)
+  env, instances = s["env"], s["instances"]
   traj = scripted.batch_rollouts(env, instances, jax.random.split(jax.random.key(2), P))
-  prompts = [codec.encode_prompt(prompts_lib.prompt_messages(env, _row(instances, i)))
-             for i in range(P)]
   t = jax.tree.map(np.asarray, traj)
   actions = [[t.actions[i, s, :t.action_lens[i, s]] for s in np.flatnonzero(t.live[i])]
              for i in range(P)]
-  engine = rollout.RolloutEngine(config, SAMPLING, codec.ids, env=env,
+  engine = rollout.RolloutEngine(s["config"], SAMPLING, s["codec"].ids, env=env,
                                  batch_size=P * G, group_size=G)
-  return dict(codec=codec, env=env, config=config, params=params,
-              instances=instances, traj=traj, actions=actions, engine=engine,
-              prompts=pad_batch(prompts, max(map(len, prompts))),
-              prompt_len=np.array([len(p) for p in prompts], np.int32))
+  return dict(s, traj=traj, actions=actions, engine=engine, prompts=s["inputs"][0],
+              prompt_len=s["inputs"][1])
 
 
 def _script(actions, n_actions=None):

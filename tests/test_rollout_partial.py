@@ -6,12 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentic_rl import envs
 from agentic_rl import model as model_lib
 from agentic_rl import rollout
-from agentic_rl.envs import prompts as prompts_lib
-from agentic_rl.envs.calc_chain import CalcLevel
-from agentic_rl.text import default_codec, pad_batch
+from calc_batch import calc_chain_batch
 
 P, G = 2, 2
 SAMPLING = rollout.SamplingConfig(max_new_tokens_per_turn=32, max_turns=8,
@@ -21,26 +18,10 @@ _learner = jax.jit(rollout.learner_logprobs, static_argnums=(2, 3))
 
 @pytest.fixture(scope="module")
 def setup():
-  codec = default_codec()
-  env = envs.make_env("calc_chain", codec, max_action_len=32,
-                      levels=(CalcLevel(3, 2, 1),))
-  config = model_lib.TransformerConfig.tiny(vocab_size=codec.tokenizer.vocab_size)
-  instances = jax.jit(jax.vmap(lambda k: env.generate(k, 0)))(
-      jax.random.split(jax.random.key(1), P))
-  prompts = [codec.encode_prompt(prompts_lib.prompt_messages(
-      env, jax.tree.map(lambda x: x[i], instances))) for i in range(P)]
-  # Two tool calls, then the policy samples.
-  call_ids = codec.tokenizer.encode(
-      "<tool_call>calc 12+3</tool_call><tool_call>calc 4*5</tool_call>")
-  return dict(
-      codec=codec, config=config,
-      params=model_lib.init_params(config, jax.random.key(0)),
-      engine=rollout.RolloutEngine(config, SAMPLING, codec.ids, env=env,
-                                   batch_size=P * G, group_size=G),
-      inputs=(pad_batch(prompts, max(map(len, prompts))),
-              np.array([len(p) for p in prompts], np.int32), instances),
-      script=dict(script_PxS=np.tile(np.asarray(call_ids, np.int32), (P, 1)),
-                  script_len_P=np.full((P,), len(call_ids), np.int32)))
+  s = calc_chain_batch(P)
+  s["engine"] = rollout.RolloutEngine(s["config"], SAMPLING, s["codec"].ids, env=s["env"],
+                                      batch_size=P * G, group_size=G)
+  return s
 
 
 def _fresh(s, key=7):
