@@ -16,7 +16,7 @@ stop token, for a batch of ``--batch`` random prompts:
   ``lax.while_loop`` s of KV-cache ``decode_step``, the cache growing to its
   full length in ``cache_segments=4`` steps), no environment, with the rows
   split over every device (``row_sharding``; on CPU ``--cpu_devices`` XLA
-  host devices, one per core by default);
+  host devices, by default one per core as far as they split the batch);
 * ``engine_one_device``: the same on one device;
 * ``engine_full_cache``: that with ``cache_segments=1`` (every step
   attends over all ``prompt_len + new_tokens`` slots);
@@ -65,9 +65,9 @@ _REPEATS = flags.DEFINE_integer(
     "each contender's best round is reported.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed for weights and prompts.")
 _CPU_DEVICES = flags.DEFINE_integer(
-    "cpu_devices", os.cpu_count(), "XLA host devices on CPU (one per core "
-    "lets each core run its own share of the rows); the engine splits its "
-    "rows over all devices.")
+    "cpu_devices", None, "XLA host devices on CPU (one per core lets each "
+    "core run its own share of the rows); the engine splits its rows over "
+    "all devices. Default: the most, up to one per core, that split --batch.")
 
 
 def _hf_model(config: model_lib.TransformerConfig, seed: int):
@@ -107,10 +107,12 @@ def _no_cache_sampler(params, config, sampling, steps):
 
 def main(argv):
   del argv
-  # Before anything starts a JAX backend.
-  jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value)
-  import torch  # pylint: disable=import-outside-toplevel
   B, N, L = _BATCH.value, _NEW.value, _PROMPT.value
+  cpu_devices = _CPU_DEVICES.value or max(
+      d for d in range(1, (os.cpu_count() or 1) + 1) if B % d == 0)
+  # Before anything starts a JAX backend.
+  jax.config.update("jax_num_cpu_devices", cpu_devices)
+  import torch  # pylint: disable=import-outside-toplevel
   T = L + N
   load_start = os.getloadavg()[0]
   config = model_lib.TransformerConfig.llama_10m()
