@@ -316,11 +316,11 @@ def tune(case: Case, repeats: int, warmup: int, *, deadline: float,
 
   ``start``: tile sizes to begin from when they beat the defaults;
   ``grid``: field (or tuple of fields) -> candidates (default:
-  ``TUNE_GRIDS``). Stops trying new
-  tiles once ``time.perf_counter()`` passes ``deadline``. Returns the best
-  tiles, their ``ms`` and the defaults' ``default_ms``, and every trial (a
-  failing one, such as a tile needing more shared memory than the device
-  has, records its error and scores infinity).
+  ``TUNE_GRIDS``). Stops trying new tiles once ``time.perf_counter()``
+  passes ``deadline``. Returns the best tiles, their ``ms`` and the
+  defaults' ``default_ms``, and every trial (a failing one, such as a tile
+  needing more shared memory than the device has, records its error and
+  scores infinity).
   """
   if grid is None:
     grids = TPU_TUNE_GRIDS if case.backend == "mosaic_tpu" else TUNE_GRIDS

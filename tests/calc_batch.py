@@ -1,7 +1,8 @@
 """A small multi-turn batch shared by the rollout tests and their workers.
 
 The tiny policy on calc-chain tasks (three-operation chains), ``P`` prompts,
-and a script of two tool calls after which the policy samples.
+a script of two tool calls after which the policy samples, and the sampling
+limits the tests run them under.
 """
 
 import jax
@@ -9,9 +10,13 @@ import numpy as np
 
 from agentic_rl import envs
 from agentic_rl import model as model_lib
+from agentic_rl import rollout
 from agentic_rl.envs import prompts as prompts_lib
 from agentic_rl.envs.calc_chain import CalcLevel
 from agentic_rl.text import default_codec, pad_batch
+
+SAMPLING = rollout.SamplingConfig(max_new_tokens_per_turn=32, max_turns=8,
+                                  max_total_tokens=128)
 
 
 def calc_chain_batch(P: int) -> dict:

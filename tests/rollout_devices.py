@@ -21,11 +21,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from agentic_rl import rollout
 from agentic_rl.train import loop
 from agentic_rl.train import sharding
-from calc_batch import calc_chain_batch
+from calc_batch import SAMPLING, calc_chain_batch
 
 NUM_PROMPTS, G = 4, 2
-SAMPLING = rollout.SamplingConfig(max_new_tokens_per_turn=32, max_turns=8,
-                                  max_total_tokens=128)
 FIELDS = ("tokens_BxT", "loss_mask_BxT", "behaviour_logp_BxT", "version_BxT",
           "reward_B", "done_B", "truncated_B", "num_tool_calls_B")
 

@@ -13,11 +13,9 @@ from agentic_rl import rollout
 from agentic_rl.envs import scripted
 from agentic_rl.model import scoring
 from agentic_rl.text import pad_batch
-from calc_batch import calc_chain_batch
+from calc_batch import SAMPLING, calc_chain_batch
 
 P, G = 2, 2
-SAMPLING = rollout.SamplingConfig(max_new_tokens_per_turn=32, max_turns=8,
-                                  max_total_tokens=128)
 
 
 def _row(tree, i):
@@ -108,12 +106,6 @@ def test_loss_mask_and_turns_agree_with_the_codec(setup, scripted_out):
     assert np.all(logp[mask == 0] == 0) and np.all(logp[mask > 0] < 0)
 
 
-def _tool_calls(codec, *calls):
-  """Scripted tool calls (the same for every prompt), as a script."""
-  ids = codec.tokenizer.encode("".join(f"<tool_call>{c}</tool_call>" for c in calls))
-  return np.tile(np.asarray(ids, np.int32), (P, 1)), np.full((P,), len(ids), np.int32)
-
-
 @jax.jit
 def _learner_and_entropy(params, tokens_BxT):
   config = model_lib.TransformerConfig.tiny(vocab_size=512)
@@ -125,10 +117,8 @@ def test_behaviour_logprobs_equal_the_learner_recompute(setup):
   """Temperature 1, no truncation: two scripted calls, then sampling."""
   s = setup
   assert s["config"] == model_lib.TransformerConfig.tiny(vocab_size=512)
-  script, script_len = _tool_calls(s["codec"], "calc 12+3", "calc 4*5")
   out = s["engine"].rollout(s["params"], s["prompts"], s["prompt_len"],
-                            s["instances"], jax.random.key(7), 0,
-                            script_PxS=script, script_len_P=script_len)
+                            s["instances"], jax.random.key(7), 0, **s["script"])
   learner, ent = _learner_and_entropy(s["params"], out.tokens_BxT)
   m = rollout.mismatch_metrics(out.behaviour_logp_BxT, learner, out.loss_mask_BxT)
   assert float(m["logprob_mismatch_max"]) < 1e-5

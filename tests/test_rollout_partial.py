@@ -8,11 +8,9 @@ import pytest
 
 from agentic_rl import model as model_lib
 from agentic_rl import rollout
-from calc_batch import calc_chain_batch
+from calc_batch import SAMPLING, calc_chain_batch
 
 P, G = 2, 2
-SAMPLING = rollout.SamplingConfig(max_new_tokens_per_turn=32, max_turns=8,
-                                  max_total_tokens=128)
 _learner = jax.jit(rollout.learner_logprobs, static_argnums=(2, 3))
 
 
