@@ -88,7 +88,7 @@ def _hf_model(config: model_lib.TransformerConfig, seed: int):
 def _no_cache_sampler(params, config, sampling, steps):
   """Samples ``steps`` tokens, each by a full forward over the whole buffer."""
 
-  @jax.jit
+  @functools.partial(jax.jit, compiler_options=model_lib.compiler_options())
   def run(tokens_BxT, start, key):
     B = tokens_BxT.shape[0]
     rows = jnp.arange(B)

@@ -522,3 +522,30 @@ def _numpy_forward(params, tokens, c):
   hidden = norm(x, p["final_norm"])
   logits = hidden @ p["embed"].T
   return c.final_logit_softcap * np.tanh(logits / c.final_logit_softcap), hidden
+
+
+def test_compiler_options_per_platform():
+  assert model.compiler_options("cpu") == {
+      "xla_cpu_experimental_ynn_fusion_type": ""}
+  assert model.compiler_options("gpu") is None
+  assert model.compiler_options("tpu") is None
+  assert model.compiler_options() == model.compiler_options(jax.default_backend())
+  mesh = jax.make_mesh((1,), ("x",), devices=jax.devices()[:1],
+                       axis_types=(jax.sharding.AxisType.Auto,))
+  assert model.mesh_platform(mesh) == jax.devices()[0].platform
+  abstract = jax.sharding.AbstractMesh((2,), ("x",))
+  assert model.mesh_platform(abstract) == jax.default_backend()
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU options")
+def test_compiler_options_compile_matmuls_without_ynn_and_agree():
+  # The CPU options take the dots away from YNNPACK (Eigen is faster on the
+  # model's shapes, see model.xla_options); results agree to rounding.
+  cfg = model.TransformerConfig.tiny()
+  params = model.init_params(cfg, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.vocab_size)
+  f = functools.partial(model.forward, config=cfg)
+  ours = jax.jit(f, compiler_options=model.compiler_options())
+  assert "ynn_fusion" not in ours.lower(params, tokens).compile().as_text()
+  np.testing.assert_allclose(ours(params, tokens), jax.jit(f)(params, tokens),
+                             rtol=1e-5, atol=1e-5)

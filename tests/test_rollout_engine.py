@@ -186,6 +186,22 @@ def test_growing_the_cache_changes_no_token(setup):
   np.testing.assert_array_equal(grown.reward_B, full.reward_B)
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU options")
+def test_engine_compiles_with_the_model_options():
+  """Sampling compiles the model as the learner does (model.compiler_options:
+  on CPU, matmuls without YNNPACK)."""
+  cfg = model_lib.TransformerConfig.tiny()
+  sampling = rollout.SamplingConfig(max_new_tokens_per_turn=4, max_turns=1,
+                                    max_total_tokens=8)
+  engine = rollout.RolloutEngine(cfg, sampling, None, batch_size=2)
+  args = engine._check_inputs(np.ones((2, 3), np.int32), np.array([3, 2]),
+                              None, None, None)
+  hlo = engine._rollout_jit.lower(
+      model_lib.init_params(cfg, jax.random.key(0)), *args, jax.random.key(1),
+      jnp.int32(0), jnp.float32(1.0), prefill_len=3).compile().as_text()
+  assert "ynn_fusion" not in hlo
+
+
 def test_mismatch_metrics_hand_computed():
   b = jnp.array([[0.0, -1.0, -2.0]])
   l = jnp.array([[5.0, -1.5, -1.0]])

@@ -207,6 +207,16 @@ def test_jit_sharded_validates_before_tracing():
     g(1.0)
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU options")
+def test_jit_sharded_compiles_with_the_model_options():
+  mesh = sh.make_mesh(sh.MeshConfig(1, 1, 1), jax.devices()[:1])
+  rep = sh.replicated(mesh)
+  g = sh.jit_sharded(lambda a, b: jnp.tanh(a @ b), mesh, in_shardings=(rep, rep),
+                     out_shardings=rep)
+  x = jnp.ones((64, 64))
+  assert "ynn_fusion" not in g.lower(x, x).compile().as_text()
+
+
 def test_jit_sharded_mesh_context_allows_bare_partition_specs():
   mesh = sh.make_mesh(sh.MeshConfig(1, 1, 1), jax.devices()[:1])
   rep = sh.replicated(mesh)

@@ -2,10 +2,12 @@
 
 ``forward`` runs full sequences (training, scoring); ``prefill`` / ``extend`` /
 ``decode_step`` run incrementally against a ``KVCache`` (rollouts);
-``hf.load_hf_checkpoint`` imports Llama / Qwen2 weights.
+``hf.load_hf_checkpoint`` imports Llama / Qwen2 weights; ``compiler_options``
+are the XLA options every jit of the model passes.
 """
 
 from agentic_rl.model import hf
+from agentic_rl.model.xla_options import compiler_options, mesh_platform
 from agentic_rl.model.config import TransformerConfig, alternating_windows
 from agentic_rl.model.kv_cache import (KVCache, decode_step, extend,
                                        grow_cache, init_cache, prefill)
@@ -16,6 +18,7 @@ __all__ = [
     "KVCache",
     "TransformerConfig",
     "alternating_windows",
+    "compiler_options",
     "decode_step",
     "extend",
     "forward",
@@ -23,6 +26,7 @@ __all__ = [
     "hf",
     "init_cache",
     "init_params",
+    "mesh_platform",
     "param_axes",
     "prefill",
     "unembedding",

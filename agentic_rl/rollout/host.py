@@ -77,8 +77,10 @@ class HostLoop:
     self.max_obs_tokens = max_obs_tokens
     self.system_prompt = system_prompt
     self._reserved = frozenset(dataclasses.astuple(codec.ids))
-    self._prefill = jax.jit(self._prefill_impl)
-    self._segment = jax.jit(self._segment_impl, donate_argnums=(2,))
+    options = model_lib.compiler_options()
+    self._prefill = jax.jit(self._prefill_impl, compiler_options=options)
+    self._segment = jax.jit(self._segment_impl, donate_argnums=(2,),
+                            compiler_options=options)
 
   def run(self, params, envs: Sequence[TextEnv], seeds: Sequence[int], key,
           version, *, actor: Actor | None = None) -> Rollout:

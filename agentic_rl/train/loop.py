@@ -273,7 +273,8 @@ def make_rl_stage(run: Run, stage, optimizer, params) -> RLStage:
       run.mesh, run.model_config, optimizer, params)
   score_fn = jax.jit(lambda params, tokens, tau: sequence_logprobs(
       params, tokens, run.model_config, temperature=tau if scheduled else stage.temperature,
-      impl=cfg.model.logprob_impl)[0])
+      impl=cfg.model.logprob_impl)[0],
+      compiler_options=model_lib.compiler_options(model_lib.mesh_platform(run.mesh)))
   greedy = (config_lib.sampling_config(cfg, greedy=True)
             if objective.advantage == "remax" else None)
   return RLStage(sampling, objective, config_lib.signal_config(stage),

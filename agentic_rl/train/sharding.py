@@ -42,6 +42,8 @@ import numpy as np
 import optax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from agentic_rl import model as model_lib
+
 MESH_AXES = ("data", "fsdp", "tensor")
 
 MeshAxes = str | tuple[str, ...] | None
@@ -352,7 +354,8 @@ def jit_sharded(fn: Callable[..., Any], mesh: Mesh, *,
                 donate_argnums: Sequence[int] = (),
                 static_argnames: Sequence[str] = ()) -> Callable[..., Any]:
   """``jax.jit(fn, in_shardings=..., out_shardings=..., donate_argnums=...)``
-  that runs under ``jax.set_mesh(mesh)``.
+  that runs under ``jax.set_mesh(mesh)``, with the model's XLA options for
+  the mesh's platform (``model.compiler_options``).
 
   The mesh context lets code inside ``fn`` use bare ``PartitionSpec``s (for
   ``jax.lax.with_sharding_constraint``) and makes the mesh explicit to
@@ -374,7 +377,9 @@ def jit_sharded(fn: Callable[..., Any], mesh: Mesh, *,
           f"{len(in_shardings)} positional arguments in in_shardings")
   jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings,
                    donate_argnums=tuple(donate_argnums),
-                   static_argnames=tuple(static_argnames))
+                   static_argnames=tuple(static_argnames),
+                   compiler_options=model_lib.compiler_options(
+                       model_lib.mesh_platform(mesh)))
 
   def under_mesh(method):
     def run(*args, **kwargs):
