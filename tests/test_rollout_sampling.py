@@ -133,6 +133,45 @@ def test_draws_follow_the_distribution_and_its_support():
   np.testing.assert_allclose(freq, expected, atol=4 * np.sqrt(0.25 / N))
 
 
+@pytest.mark.parametrize("V", [1000, 7])
+def test_draws_over_blocks_follow_the_distribution(V):
+  """The two-level inverse CDF, with V not a multiple of its block width
+  (1000: blocks of 32, the last one part padding) and a third of the tokens
+  outside the support, agrees with the probabilities (chi-square)."""
+  logits = 2.0 * jax.random.normal(jax.random.key(3), (V,))
+  logits = jnp.where(jnp.arange(V) % 3 == 1, -jnp.inf, logits)
+  logp = jax.nn.log_softmax(logits)
+  N = 200_000
+  draws = np.asarray(jax.jit(S.sample_tokens)(
+      jax.random.split(jax.random.key(4), N), jnp.broadcast_to(logp, (N, V))))
+  counts = np.bincount(draws, minlength=V)
+  assert counts.size == V
+  assert counts[1::3].sum() == 0  # never outside the support
+  expected = N * np.exp(np.asarray(logp, np.float64))
+  kept = expected > 0
+  chi2 = float(np.sum((counts[kept] - expected[kept]) ** 2 / expected[kept]))
+  dof = int(kept.sum()) - 1
+  assert chi2 < dof + 6 * math.sqrt(2 * dof), (chi2, dof)
+
+
+@pytest.mark.parametrize("V", [1, 2, 5, 1024])
+def test_point_masses_are_always_drawn(V):
+  # Rows with all their mass on one token, anywhere (the last: after the
+  # last full block and in the padding's block).
+  targets = jnp.array([0, V - 1, V // 2])
+  logp = jnp.where(jnp.arange(V) == targets[:, None], 0.0, -jnp.inf)
+  for seed in range(20):
+    draws = S.sample_tokens(jax.random.split(jax.random.key(seed), 3), logp)
+    np.testing.assert_array_equal(draws, targets)
+
+
+def test_rounding_past_the_sum_draws_the_last_kept_token():
+  cum = jnp.array([[0.5, 0.5, 1.0, 1.0]] * 3)
+  positive = jnp.array([[True, False, True, False]] * 3)
+  u = jnp.array([0.2, 0.5, 1.0])  # 1.0: rounding reached the total
+  np.testing.assert_array_equal(S._first_above(cum, u, positive), [0, 2, 2])
+
+
 def test_draw_depends_only_on_the_row_key():
   logp = jax.nn.log_softmax(jax.random.normal(jax.random.key(1), (3, 50)))
   keys = jax.random.split(jax.random.key(2), 3)
