@@ -24,6 +24,7 @@ runs is reported in ms per decode step:
 
 from __future__ import annotations
 
+import functools
 import time
 
 import jax
@@ -94,6 +95,8 @@ def main(argv):
   cache_LxBxSxKxD = jax.random.normal(jax.random.key(3), (L, B, S, K, D))
   rows = jnp.arange(B)
   result = {}
+  # Compiled as the rollout engine compiles the model.
+  jit = functools.partial(jax.jit, compiler_options=model_lib.compiler_options())
 
   def decode(params, cache):
     # Positions sweep the second half of the cache: the rows' real lengths
@@ -105,14 +108,14 @@ def main(argv):
       return jnp.argmax(logits, -1).astype(jnp.int32), cache
     return jax.lax.fori_loop(0, n, body, (jnp.zeros((B,), jnp.int32), cache))[0]
 
-  decode = jax.jit(decode)
+  decode = jit(decode)
   for s in slots:
     result[f"decode_step_S{s}"] = _ms_per_step(
         decode, split, model_lib.init_cache(cfg, B, s), steps=n)
   result["decode_step_stacked_params"] = _ms_per_step(
       decode, params, model_lib.init_cache(cfg, B, S), steps=n)
 
-  @jax.jit
+  @jit
   def stacked(params, k, v):
     def body(i, carry):
       tok, k, v = carry
@@ -124,7 +127,7 @@ def main(argv):
   zeros = jnp.zeros((L, B, K, S, D))
   result["decode_step_stacked_cache"] = _ms_per_step(stacked, params, zeros, zeros + 0, steps=n)
 
-  @jax.jit
+  @jit
   def layers(params, x):
     def body(i, x):
       rope = transformer.rope_tables(jnp.full((B, 1), i), cfg.head_dim, cfg.rope_theta)
@@ -136,7 +139,7 @@ def main(argv):
   result["layers_no_attention"] = _ms_per_step(layers, split, x_Bx1xD, steps=n)
 
   def attention(layout):
-    @jax.jit
+    @jit
     def run(caches, q):
       kv_positions = jnp.broadcast_to(jnp.arange(S), (B, S))
       def body(i, q):
@@ -153,7 +156,7 @@ def main(argv):
   result["attention_BSKD"] = _ms_per_step(attention("BSKD"), steps=n)
   result["attention_BKSD"] = _ms_per_step(attention("BKSD"), steps=n)
 
-  @jax.jit
+  @jit
   def scatters(cache, new_BxKxD):
     def body(i, cache):
       for l in range(L):
