@@ -2,20 +2,20 @@
 
 Every ``jax.jit`` that runs the model (the rollout engine's loops, the host
 loop's segments, the learner's and scorer's steps) passes
-``compiler_options=compiler_options(platform)``, so sampling and learning
-compile the model the same way.
+``compiler_options=compiler_options(platform or mesh)``, so sampling and
+learning compile the model the same way.
 
 On CPU (jax 0.10.2 to 0.12), XLA hands f32 matmuls to YNNPACK fusions by
 default. On this project's shapes Eigen, XLA's other CPU dot, is faster, so
 the CPU options switch the YNN fusions off
 (``xla_cpu_experimental_ynn_fusion_type=""``; the option is accepted by jax
 0.10.2, 0.11.2 and 0.12.0.1). Measured on a 2-core x86_64 VM (AVX2), jax
-0.10.2, same process, best of 4 interleaved rounds (BENCHMARKS.md):
+0.10.2, scratch A/Bs in one process, best of 4-7 rounds (BENCHMARKS.md):
 
 * rollout decode, ``llama_10m``, batch 32, 256 tokens, rows over two host
   devices: 2184 -> 2517 tokens/s (one device: 1639 -> 1689);
-* 8 layers of projection and MLP matmuls at 16 rows per device: 8.5 -> 5.1
-  to 5.7 ms per step;
+* 8 layers of projection and MLP matmuls at 16 rows per device: 8.5-9.3 ->
+  4.8-5.7 ms per step;
 * learner forward and backward, ``llama_10m``, ``[32, 272]`` tokens: 9.35 ->
   7.47 s; ``[8, 272]``: 2.38 -> 2.09 s.
 
@@ -34,10 +34,20 @@ import jax
 CPU = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
-def compiler_options(platform: str | None = None) -> dict[str, str] | None:
-  """The options for ``platform`` ("cpu", "gpu", "tpu"; None: JAX's default
-  backend), or None where the defaults are kept."""
-  platform = jax.default_backend() if platform is None else platform
+def compiler_options(where=None) -> dict[str, str] | None:
+  """The options for a platform, or None where the defaults are kept.
+
+  Args:
+    where: a platform name ("cpu", "gpu", "tpu"), a ``jax.sharding.Mesh``
+      or ``AbstractMesh`` (its platform, :func:`mesh_platform`), or None
+      (JAX's default backend).
+  """
+  if where is None:
+    platform = jax.default_backend()
+  elif isinstance(where, str):
+    platform = where
+  else:
+    platform = mesh_platform(where)
   return dict(CPU) if platform == "cpu" else None
 
 

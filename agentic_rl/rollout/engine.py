@@ -144,7 +144,7 @@ class RolloutEngine:
         raise ValueError(f"batch size {batch_size} does not split into the "
                          f"{shards} row shards of row_sharding ({axes})")
     options = model_lib.compiler_options(
-        None if row_sharding is None else model_lib.mesh_platform(row_sharding.mesh))
+        None if row_sharding is None else row_sharding.mesh)
     jit = functools.partial(jax.jit, compiler_options=options)
     self._rollout_jit = jit(self._rollout, static_argnames="prefill_len")
     self._init_jit = jit(self._init_state)

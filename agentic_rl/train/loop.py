@@ -274,7 +274,7 @@ def make_rl_stage(run: Run, stage, optimizer, params) -> RLStage:
   score_fn = jax.jit(lambda params, tokens, tau: sequence_logprobs(
       params, tokens, run.model_config, temperature=tau if scheduled else stage.temperature,
       impl=cfg.model.logprob_impl)[0],
-      compiler_options=model_lib.compiler_options(model_lib.mesh_platform(run.mesh)))
+      compiler_options=model_lib.compiler_options(run.mesh))
   greedy = (config_lib.sampling_config(cfg, greedy=True)
             if objective.advantage == "remax" else None)
   return RLStage(sampling, objective, config_lib.signal_config(stage),

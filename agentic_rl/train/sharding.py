@@ -378,8 +378,7 @@ def jit_sharded(fn: Callable[..., Any], mesh: Mesh, *,
   jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings,
                    donate_argnums=tuple(donate_argnums),
                    static_argnames=tuple(static_argnames),
-                   compiler_options=model_lib.compiler_options(
-                       model_lib.mesh_platform(mesh)))
+                   compiler_options=model_lib.compiler_options(mesh))
 
   def under_mesh(method):
     def run(*args, **kwargs):
