@@ -19,8 +19,8 @@ test scale, ``"sft"`` is the shared warm start). The three studies:
   truncated importance sampling. Read ``shift/*`` and final success.
 
 Scale: 20 RL iterations of 16 prompts x 8 rollouts from a shared SFT warm
-start (the default's), evaluation every 5 iterations, and a 128-prompt training pool so
-that prompts recur (2.5 epochs at uniform allocation) and Knapsack has a
+start (the default's), evaluation every 5 iterations, and a 128-prompt
+training pool so that prompts recur (2.5 epochs at uniform allocation) and Knapsack has a
 success history to allocate from.
 """
 

@@ -22,8 +22,8 @@ def _sft_stage() -> ml_collections.ConfigDict:
       # 400: at 300 the warm start was fragile. Seed 0 reached held-out
       # success 0.375 or 0.047 depending on which XLA:CPU dot ran the
       # matmuls (rounding differences grow from step ~100), and RL could not
-      # recover from 0.047 (no group had a success). 400 steps: 0.297, RL
-      # 0.7+ (README).
+      # recover from 0.047 (no group had a success). 400 steps: 0.297, then
+      # 0.492 after RL (README).
       steps=400,
       batch_size=32,
       learning_rate=3e-3,
