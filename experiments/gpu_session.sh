@@ -7,7 +7,7 @@
 # No install and no network: the image's jax, chex, hypothesis and pytest are
 # enough for the kernels, which are copied into an importable package tree.
 # Steps, each under its own time limit (seconds, overridable; TEST_FILES and
-# BENCH_OPS narrow steps 1 and 2, TUNE_S=0 skips step 3):
+# BENCH_OPS and TUNE_OPS narrow steps 1-3, TUNE_S=0 skips step 3):
 #   1. TESTS_S:  the kernel tests (and the model's pallas decode) with the
 #                compiled Triton kernels against the XLA references, IEEE
 #                fp32 on both sides (the kernels follow
@@ -29,6 +29,7 @@ tests/test_kernels_decode.py tests/test_kernels_logprobs.py \
 tests/test_kernels_properties.py tests/test_kernels_bench.py \
 tests/test_model.py::test_pallas_decode_reads_the_head_major_cache"}
 BENCH_OPS=${BENCH_OPS:-flash_attention,token_logprobs,decode_attention}
+TUNE_OPS=${TUNE_OPS:-flash_attention,token_logprobs}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 
@@ -57,5 +58,5 @@ timeout "$BENCH_S" python3 -m agentic_rl.kernels.bench --ops "$BENCH_OPS" \
 [ "$TUNE_S" -gt 30 ] || exit 0
 echo "== 3. tile search"
 timeout "$TUNE_S" python3 -m agentic_rl.kernels.bench --tune \
-  --ops flash_attention,token_logprobs \
+  --ops "$TUNE_OPS" \
   --max_seconds $((TUNE_S - 30)) --out "$OUT/tune_h200.json" 2>&1 | tee "$OUT/tune.log" | tail -12

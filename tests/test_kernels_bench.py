@@ -1,8 +1,10 @@
 """The kernel benchmark's machinery: timing rows, errors, table, JSON."""
 
+import dataclasses
 import json
 
 import jax.numpy as jnp
+import pytest
 
 from agentic_rl.kernels import bench
 
@@ -95,3 +97,16 @@ def test_quick_run_of_the_mosaic_kernels_writes_json(tmp_path):
   [case] = bench.cases(quick=True, ops={"decode_attention"},
                        backend="mosaic_tpu")
   assert case.blocks is bench.kernels.TpuDecodeBlockSizes
+
+
+@pytest.mark.parametrize("family,grids", [("triton", bench.TUNE_GRIDS),
+                                          ("mosaic_tpu", bench.TPU_TUNE_GRIDS)])
+def test_tune_grids_name_tile_fields(family, grids):
+  """Every searched field exists, and joint candidates set every field."""
+  for (op, _), grid in grids.items():
+    fields = {f.name for f in dataclasses.fields(bench._BLOCKS[family][op])}
+    for field, values in grid.items():
+      names = field if isinstance(field, tuple) else (field,)
+      assert set(names) <= fields, (op, names)
+      if isinstance(field, tuple):
+        assert all(len(v) == len(names) for v in values), (op, names)
