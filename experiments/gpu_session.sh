@@ -6,17 +6,21 @@
 #
 # No install and no network: the image's jax, chex, hypothesis and pytest are
 # enough for the kernels, which are copied into an importable package tree.
-# Steps, each under its own time limit (seconds, overridable; TEST_FILES and
-# BENCH_OPS and TUNE_OPS narrow steps 1-3, TUNE_S=0 skips step 3):
+# Steps, each under its own time limit (seconds, overridable; 0 skips the
+# step, and TUNE_S skips under 31; TEST_FILES, BENCH_OPS and TUNE_OPS narrow
+# steps 1-3):
 #   1. TESTS_S:  the kernel tests (and the model's pallas decode) with the
 #                compiled Triton kernels against the XLA references, IEEE
 #                fp32 on both sides (the kernels follow
 #                jax_default_matmul_precision; Triton's default is TF32);
 #   2. BENCH_S:  python -m agentic_rl.kernels.bench (every impl side by side);
 #   3. TUNE_S:   python -m agentic_rl.kernels.bench --tune (tile search over
-#                the attention and log-prob kernels).
-# Writes env.txt, tests.log, bench.log, bench_h200.json, tune.log and
-# tune_h200.json under $OUT
+#                the attention and log-prob kernels);
+#   4. AB:       (empty by default) space-separated FIELD=V1,V2 specs, each
+#                run as python -m agentic_rl.kernels.bench --ab SPEC over
+#                AB_OPS, under AB_S seconds each (writes ab_FIELD.json).
+# Writes env.txt, tests.log, bench.log, bench_h200.json, tune.log,
+# tune_h200.json (and ab.log, ab_*.json) under $OUT
 # (default runs/gpu). The JSON files are rewritten after every case, so a step
 # cut short still returns what it measured.
 set -uo pipefail
@@ -30,6 +34,9 @@ tests/test_kernels_properties.py tests/test_kernels_bench.py \
 tests/test_model.py::test_pallas_decode_reads_the_head_major_cache"}
 BENCH_OPS=${BENCH_OPS:-flash_attention,token_logprobs,decode_attention}
 TUNE_OPS=${TUNE_OPS:-flash_attention,token_logprobs}
+AB=${AB:-}
+AB_OPS=${AB_OPS:-flash_attention}
+AB_S=${AB_S:-120}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 
@@ -45,18 +52,29 @@ cd "$pkg" || exit 1
   python3 -c "import jax, jaxlib; print('jax', jax.__version__, \
 jaxlib.__version__, jax.devices())"; } 2>&1 | tee "$OUT/env.txt"
 
-echo "== 1. kernel tests (compiled Triton, fp32 at highest precision)"
-# shellcheck disable=SC2086  # TEST_FILES is a list
-JAX_DEFAULT_MATMUL_PRECISION=highest timeout "$TESTS_S" python3 -m pytest \
-  -q -p no:cacheprovider -n 4 -k "not tpu and not mosaic" $TEST_FILES \
-  2>&1 | tee "$OUT/tests.log" | tail -25
+if [ "$TESTS_S" -gt 0 ]; then
+  echo "== 1. kernel tests (compiled Triton, fp32 at highest precision)"
+  # shellcheck disable=SC2086  # TEST_FILES is a list
+  JAX_DEFAULT_MATMUL_PRECISION=highest timeout "$TESTS_S" python3 -m pytest \
+    -q -p no:cacheprovider -n 4 -k "not tpu and not mosaic" $TEST_FILES \
+    2>&1 | tee "$OUT/tests.log" | tail -25
+fi
 
-echo "== 2. benchmark"
-timeout "$BENCH_S" python3 -m agentic_rl.kernels.bench --ops "$BENCH_OPS" \
-  --out "$OUT/bench_h200.json" 2>&1 | tee "$OUT/bench.log" | tail -45
+if [ "$BENCH_S" -gt 0 ]; then
+  echo "== 2. benchmark"
+  timeout "$BENCH_S" python3 -m agentic_rl.kernels.bench --ops "$BENCH_OPS" \
+    --out "$OUT/bench_h200.json" 2>&1 | tee "$OUT/bench.log" | tail -45
+fi
 
-[ "$TUNE_S" -gt 30 ] || exit 0
-echo "== 3. tile search"
-timeout "$TUNE_S" python3 -m agentic_rl.kernels.bench --tune \
-  --ops "$TUNE_OPS" \
-  --max_seconds $((TUNE_S - 30)) --out "$OUT/tune_h200.json" 2>&1 | tee "$OUT/tune.log" | tail -12
+if [ "$TUNE_S" -gt 30 ]; then
+  echo "== 3. tile search"
+  timeout "$TUNE_S" python3 -m agentic_rl.kernels.bench --tune \
+    --ops "$TUNE_OPS" --max_seconds $((TUNE_S - 30)) \
+    --out "$OUT/tune_h200.json" 2>&1 | tee "$OUT/tune.log" | tail -12
+fi
+
+for spec in $AB; do
+  echo "== 4. A/B $spec"
+  timeout "$AB_S" python3 -m agentic_rl.kernels.bench --ops "$AB_OPS" \
+    --ab "$spec" --out "$OUT/ab_${spec%%=*}.json" 2>&1 | tee -a "$OUT/ab.log"
+done

@@ -3,6 +3,7 @@
     python -m agentic_rl.kernels.bench --out FILE [--quick] [--ops a,b]
         [--backend triton|mosaic_tpu]
     python -m agentic_rl.kernels.bench --tune --out FILE [--max_seconds S]
+    python -m agentic_rl.kernels.bench --ab FIELD=V1,V2 --out FILE [--rounds R]
 
 For each op and shape, every implementation available on this backend is
 compiled once (``jax.jit(f).lower(...).compile()``, whose
@@ -16,6 +17,10 @@ when known. A failing implementation is recorded with its error and the run
 goes on. ``--quick`` uses tiny shapes (CPU: Pallas runs interpreted).
 ``impl="pallas"`` runs the platform's kernel family (Triton on GPU, Mosaic on
 TPU), or ``--backend``'s on CPU.
+
+``--ab FIELD=V1,V2`` checks one tile change against noise: the Pallas kernel
+at the default tiles with ``FIELD`` set to each value, timed in interleaved
+rounds (:func:`ab`).
 
 ``--tune`` times the Pallas implementation alone over its tile sizes instead:
 one pass of coordinate search per case over :data:`TUNE_GRIDS` (Triton) or
@@ -368,6 +373,51 @@ def tune(case: Case, repeats: int, warmup: int, *, deadline: float,
               best_blocks=dataclasses.asdict(best), trials=trials)
 
 
+def ab(case: Case, field: str, values: tuple, repeats: int, warmup: int,
+       rounds: int) -> dict:
+  """Times the Pallas kernel at the default tiles with ``field`` set to each
+  of ``values``, interleaved over ``rounds`` rounds (A B A B ...), so that a
+  drift of the machine hits every value alike. Each value is compiled once;
+  a round records each value's median of ``repeats`` calls. Returns the
+  per-round ``ms`` lists and each value's median over the rounds."""
+  names = [f.name for f in dataclasses.fields(case.blocks)]
+  if field not in names:
+    raise ValueError(f"--ab: {case.blocks.__name__} has no field {field!r}; "
+                     f"it has {names}")
+  compiled, runs = {}, {}
+  for value in values:
+    blocks = dataclasses.replace(case.blocks(), **{field: value})
+    try:
+      compiled[value] = jax.jit(case.pallas_with(blocks)).lower(
+          *case.args).compile()
+    except Exception as e:  # pylint: disable=broad-except
+      runs[value] = dict(error=_error(e))
+  for _ in range(rounds):
+    for value, fn in compiled.items():
+      for _ in range(warmup):
+        jax.block_until_ready(fn(*case.args))
+      times = []
+      for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*case.args))
+        times.append(time.perf_counter() - t0)
+      runs.setdefault(value, dict(ms=[]))["ms"].append(
+          1e3 * statistics.median(times))
+  for run in runs.values():
+    if "ms" in run:
+      run["median_ms"] = statistics.median(run["ms"])
+  return dict(op=case.op, mode=case.mode, shape=case.shape, dtype=case.dtype,
+              field=field, runs=[dict(value=v, **r) for v, r in runs.items()])
+
+
+def _parse_ab(text: str) -> tuple[str, tuple]:
+  """``"field=v1,v2"`` -> ``("field", (v1, v2))`` (values as JSON)."""
+  field, sep, values = text.partition("=")
+  if not sep or not field or not values:
+    raise ValueError(f"--ab wants FIELD=V1,V2,..., got {text!r}")
+  return field, tuple(json.loads(v) for v in values.split(","))
+
+
 def format_table(rows: list[dict]) -> str:
   header = ["op", "mode", "shape", "dtype", "impl", "ms", "TFLOP/s|GB/s",
             "%peak", "temp MiB", "x vs xla", "temp/xla"]
@@ -404,6 +454,10 @@ def main(argv=None) -> dict:
   parser.add_argument("--repeats", type=int, default=None)
   parser.add_argument("--tune", action="store_true",
                       help="search the Pallas tile sizes instead")
+  parser.add_argument("--ab", default=None, metavar="FIELD=V1,V2",
+                      help="time the Pallas kernels with one tile field set "
+                      "to each value, interleaved over --rounds rounds")
+  parser.add_argument("--rounds", type=int, default=5, help="--ab rounds")
   parser.add_argument("--max_seconds", type=float, default=None,
                       help="--tune: stop trying new tiles after this long")
   parser.add_argument("--backend", choices=kernels.PALLAS_BACKENDS,
@@ -431,6 +485,19 @@ def main(argv=None) -> dict:
     with open(args.out, "w") as f:
       json.dump(report, f, indent=1, default=float)
 
+  if args.ab:
+    field, values = _parse_ab(args.ab)
+    report["ab"] = []
+    for case in cases(args.quick, ops, backend):
+      if case.pallas_with is None:
+        continue
+      result = ab(case, field, values, repeats, warmup, args.rounds)
+      report["ab"].append(result)
+      print(f"{case.op} {case.mode} [{case.shape}] {field}: " + ", ".join(
+          f"{r['value']}: {r.get('median_ms', r.get('error'))}"
+          for r in result["runs"]), flush=True)
+      save()
+    return report
   if args.tune:
     return _tune_all(report, cases(args.quick, ops, backend), repeats, warmup,
                      args.max_seconds, save)

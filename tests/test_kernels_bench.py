@@ -110,3 +110,22 @@ def test_tune_grids_name_tile_fields(family, grids):
       assert set(names) <= fields, (op, names)
       if isinstance(field, tuple):
         assert all(len(v) == len(names) for v in values), (op, names)
+
+
+def test_ab_times_each_value_in_every_round(tmp_path):
+  out = tmp_path / "ab.json"
+  bench.main(["--out", str(out), "--quick", "--ops", "decode_attention",
+              "--repeats", "1", "--ab", "block_k=24,32", "--rounds", "2"])
+  [result] = json.loads(out.read_text())["ab"]
+  bad, good = result["runs"]
+  assert result["field"] == "block_k"
+  assert bad["value"] == 24 and "error" in bad and "ms" not in bad
+  assert good["value"] == 32 and len(good["ms"]) == 2
+  assert good["median_ms"] == pytest.approx(sum(good["ms"]) / 2)
+
+
+def test_ab_rejects_a_malformed_or_unknown_field():
+  with pytest.raises(ValueError, match="FIELD=V1"):
+    bench._parse_ab("block_k")
+  with pytest.raises(ValueError, match="has no field 'num_stages_fwd'"):
+    bench.ab(_quick_decode_case(), "num_stages_fwd", (2, 3), 1, 0, 1)
