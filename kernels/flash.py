@@ -27,7 +27,9 @@ dK/dV kernel (per key block, streaming queries): 7 tile matmuls per block
 pair. With ``AttentionBlockSizes(fused_bwd=True)`` the dK/dV kernel also adds
 each ``dS K`` product to an fp32 dQ with atomic adds and the dQ kernel is
 skipped (FlashAttention-2's own schedule: 5 matmuls per pair, at the price of
-the atomics and a nondeterministic summation order).
+the atomics and a nondeterministic summation order). On an H200 the atomics
+cost more than the two matmuls save: fwd+bwd took 2.0-2.5x as long
+(BENCHMARKS.md), so it is off by default.
 
 Layout is ``[batch, time, heads, head_dim]`` like
 ``jax.nn.dot_product_attention``; key/value may have fewer heads (GQA/MQA):
@@ -69,10 +71,12 @@ class AttentionBlockSizes:
   ``num_stages_*`` (software-pipelining depth) are Triton launch parameters
   of the forward and of both backward kernels. ``fused_bwd``: accumulate dQ
   in the dK/dV kernel with fp32 atomic adds instead of running the dQ kernel
-  (see the module docstring; not yet timed on a GPU, so off).
+  (see the module docstring).
 
   The defaults come from ``python -m agentic_rl.kernels.bench --tune`` on an
-  H200 at T = 4096, head_dim 128, bf16 (see BENCHMARKS.md).
+  H200 at T = 4096, head_dim 128, bf16, checked against noise with ``--ab``
+  (``num_stages_fwd`` 3: GQA forward 1.89 -> 1.68 ms; see BENCHMARKS.md).
+  ``fused_bwd`` measured 2-2.5x slower there.
   """
   block_q: int = 128
   block_k: int = 128
@@ -82,7 +86,7 @@ class AttentionBlockSizes:
   block_k_dkv: int = 64
   num_warps_fwd: int = 8
   num_warps_bwd: int = 8
-  num_stages_fwd: int = 2
+  num_stages_fwd: int = 3
   num_stages_bwd: int = 2
   fused_bwd: bool = False
 
