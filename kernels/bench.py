@@ -84,7 +84,6 @@ TUNE_GRIDS = {
                                  (64, 128)),
         "num_stages_fwd": (2, 3, 4)},
     ("flash_attention", "fwd+bwd"): {
-        "fused_bwd": (False, True),
         # Whole backward configurations, tried jointly: narrow streamed tiles
         # with deeper pipelines (as in Triton's fused-attention tutorial),
         # which one field at a time would not reach.
@@ -186,9 +185,6 @@ def _attention_cases(backend, B, T, H, K, D, dtype, window=None):
       "flash_attention", shape, dtype, (q, k, v), backend, attend,
       lambda out: jnp.sum(out.astype(jnp.float32)), (0, 1, 2),
       flops=fwd_flops, bwd_flops=3.5 * fwd_flops)
-  if backend == "triton":  # the backward's other schedule, side by side
-    fwd_bwd.fns["pallas_fused_bwd"] = fwd_bwd.pallas_with(
-        kernels.AttentionBlockSizes(fused_bwd=True))
   return [fwd, fwd_bwd]
 
 

@@ -24,12 +24,10 @@ key return zeros and get zero gradients.
 
 The backward runs as a dQ kernel (per query block, streaming keys) and a
 dK/dV kernel (per key block, streaming queries): 7 tile matmuls per block
-pair. With ``AttentionBlockSizes(fused_bwd=True)`` the dK/dV kernel also adds
-each ``dS K`` product to an fp32 dQ with atomic adds and the dQ kernel is
-skipped (FlashAttention-2's own schedule: 5 matmuls per pair, at the price of
-the atomics and a nondeterministic summation order). On an H200 the atomics
-cost more than the two matmuls save: fwd+bwd took 2.0-2.5x as long
-(BENCHMARKS.md), so it is off by default.
+pair. FlashAttention-2's own schedule, 5 matmuls with dQ added by fp32 atomic
+adds from the dK/dV kernel, made fwd+bwd 2.0-2.6x slower on an H200 (jax's
+Triton lowering emits only ``acq_rel`` atomics; BENCHMARKS.md, run 4), and
+was removed.
 
 Layout is ``[batch, time, heads, head_dim]`` like
 ``jax.nn.dot_product_attention``; key/value may have fewer heads (GQA/MQA):
@@ -69,14 +67,11 @@ class AttentionBlockSizes:
   dK/dV kernel (key tile, streamed query tile). Tiles are clipped to the
   sequence length, so small inputs use small tiles. ``num_warps_*`` and
   ``num_stages_*`` (software-pipelining depth) are Triton launch parameters
-  of the forward and of both backward kernels. ``fused_bwd``: accumulate dQ
-  in the dK/dV kernel with fp32 atomic adds instead of running the dQ kernel
-  (see the module docstring).
+  of the forward and of both backward kernels.
 
   The defaults come from ``python -m agentic_rl.kernels.bench --tune`` on an
   H200 at T = 4096, head_dim 128, bf16, checked against noise with ``--ab``
   (``num_stages_fwd`` 3: GQA forward 1.89 -> 1.68 ms; see BENCHMARKS.md).
-  ``fused_bwd`` measured 2-2.5x slower there.
   """
   block_q: int = 128
   block_k: int = 128
@@ -88,7 +83,6 @@ class AttentionBlockSizes:
   num_warps_bwd: int = 8
   num_stages_fwd: int = 3
   num_stages_bwd: int = 2
-  fused_bwd: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +109,6 @@ class _Config:
   num_warps_bwd: int
   num_stages_fwd: int
   num_stages_bwd: int
-  fused_bwd: bool
   interpret: bool
 
 
@@ -139,8 +132,7 @@ def _make_config(q_shape, k_shape, *, causal, softcap, has_segments,
       bq=bq, bk=bk, bq_dq=bq_dq, bk_dq=bk_dq, bq_dkv=bq_dkv, bk_dkv=bk_dkv,
       num_warps_fwd=blocks.num_warps_fwd, num_warps_bwd=blocks.num_warps_bwd,
       num_stages_fwd=blocks.num_stages_fwd,
-      num_stages_bwd=blocks.num_stages_bwd, fused_bwd=blocks.fused_bwd,
-      interpret=interpret)
+      num_stages_bwd=blocks.num_stages_bwd, interpret=interpret)
 
 
 # --------------------------------------------------------------------------
@@ -269,10 +261,8 @@ def _dq_kernel(*refs, cfg: _Config):
 
 
 def _dkdv_kernel(*refs, cfg: _Config):
-  (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref), qs_ref, ks_ref, w_ref, out = (
-      _split_refs(cfg, refs, 6))
-  # Fused: out = (zero dQ input, dK, dV, the same dQ as output: aliased).
-  dk_ref, dv_ref, dq_ref = out[1:] if cfg.fused_bwd else (*out, None)
+  (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref), qs_ref, ks_ref, w_ref, (
+      dk_ref, dv_ref) = _split_refs(cfg, refs, 6)
   bq, bk = cfg.bq_dkv, cfg.bk_dkv
   k_start = pl.program_id(0) * bk
   k = k_ref[...]
@@ -309,10 +299,6 @@ def _dkdv_kernel(*refs, cfg: _Config):
       if t is not None:
         ds = ds * (1.0 - t * t)
       dk = dk + _common.dot_tn(ds.astype(q.dtype), q)
-      if dq_ref is not None:  # unscaled; the wrapper applies the scale
-        # (g as an array: the interpreter's atomic rule reads index shapes)
-        plgpu.atomic_add(dq_ref, (rows, jnp.asarray(g, jnp.int32), slice(None)),
-                         _common.dot_nn(ds.astype(k.dtype), k))
       return dk, dv
     return _loop(spans, body, carry)
 
@@ -376,10 +362,9 @@ def _backward(cfg: _Config, q, k, v, do, lse, delta, q_seg, k_seg, window):
   params = plgpu.CompilerParams(num_warps=cfg.num_warps_bwd,
                                 num_stages=cfg.num_stages_bwd)
 
-  if not cfg.fused_bwd:
-    dq = _dq_call(cfg, q, k, v, do, lse, delta, q_seg, k_seg, window, params)
+  dq = _dq_call(cfg, q, k, v, do, lse, delta, q_seg, k_seg, window, params)
 
-  bq, bk = cfg.bq_dkv, cfg.bk_dkv
+  bk = cfg.bk_dkv
   q_all = pl.BlockSpec((_SQ, Tp, G, Dp), lambda j, b, kh: (b, 0, kh, 0))
   kv_tile = pl.BlockSpec((_SQ, bk, _SQ, Dp), lambda j, b, kh: (b, j, kh, 0))
   rows = pl.BlockSpec((_SQ, G, Tp), lambda j, b, kh: (b, kh, 0))
@@ -387,30 +372,17 @@ def _backward(cfg: _Config, q, k, v, do, lse, delta, q_seg, k_seg, window):
       cfg, q_seg, k_seg, window,
       ((_SQ, Tp), lambda j, b, kh: (b, 0)),
       ((_SQ, bk), lambda j, b, kh: (b, j)))
-  in_specs = [q_all, kv_tile, kv_tile, q_all, rows, rows] + extra_specs
-  out_specs = [kv_tile, kv_tile]
-  out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype),
-               jax.ShapeDtypeStruct(v.shape, v.dtype)]
-  operands = [q, k, v, do, lse, delta, *extra]
-  aliases = {}
-  if cfg.fused_bwd:  # every key block adds into the whole dQ of its heads
-    aliases = {len(operands): 2}
-    operands.append(jnp.zeros(q.shape, jnp.float32))
-    in_specs.append(q_all)
-    out_specs.append(q_all)
-    out_shape.append(jax.ShapeDtypeStruct(q.shape, jnp.float32))
-  grads = pl.pallas_call(
+  dk, dv = pl.pallas_call(
       functools.partial(_dkdv_kernel, cfg=cfg),
       grid=(Sp // bk, B, K),
-      in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
-      input_output_aliases=aliases,
+      in_specs=[q_all, kv_tile, kv_tile, q_all, rows, rows] + extra_specs,
+      out_specs=[kv_tile, kv_tile],
+      out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
+                 jax.ShapeDtypeStruct(v.shape, v.dtype)],
       compiler_params=params, interpret=cfg.interpret,
       name="flash_attention_dkdv",
-  )(*operands)
-  if not cfg.fused_bwd:
-    return (dq, *grads)
-  dk, dv, dq = grads
-  return (dq * cfg.scale).astype(q.dtype), dk, dv
+  )(q, k, v, do, lse, delta, *extra)
+  return dq, dk, dv
 
 
 def _dq_call(cfg: _Config, q, k, v, do, lse, delta, q_seg, k_seg, window,

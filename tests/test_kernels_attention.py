@@ -1,6 +1,5 @@
 """Flash attention: Pallas kernels (interpret mode on CPU) vs references."""
 
-import dataclasses
 import functools
 
 import chex
@@ -120,18 +119,6 @@ def test_pallas_matches_reference_fwd_and_grads(name, backend, shape, opts,
   _check_against_references(name, backend, TILES[backend], shape, opts, vs_nn)
 
 
-TRITON_CASES = [c for c in CASES if c[1] == "triton"]
-
-
-@pytest.mark.parametrize("name,backend,shape,opts,vs_nn", TRITON_CASES,
-                         ids=[c[0] for c in TRITON_CASES])
-def test_fused_backward_matches_reference(name, backend, shape, opts, vs_nn):
-  """dQ from the dK/dV kernel's atomic adds (``fused_bwd``)."""
-  _check_against_references(name, backend,
-                            dataclasses.replace(TINY, fused_bwd=True), shape,
-                            opts, vs_nn)
-
-
 @pytest.mark.parametrize("backend,T", [("triton", 33), ("mosaic_tpu", 200)])
 def test_traced_window_and_rows_without_visible_keys(backend, T):
   """One compiled program, window passed as data: 12 matches the reference;
@@ -181,25 +168,20 @@ def test_bf16_gqa_window_matches_fp32_reference(backend, T):
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
-@pytest.mark.parametrize("impl", ["pallas", "pallas_fused_bwd", "cudnn"])
+@pytest.mark.parametrize("impl", ["pallas", "cudnn"])
 @pytest.mark.parametrize("opts", [dict(), dict(sliding_window=100),
                                   dict(segment_ids="packed")],
                          ids=["causal", "window", "segments"])
 def test_gpu_default_tiles_and_cudnn_match_fp32_reference(impl, opts):
-  """Compiled at the default (tuned) tiles, several blocks long, bf16 GQA;
-  ``pallas_fused_bwd``: the same with ``fused_bwd=True``."""
+  """Compiled at the default (tuned) tiles, several blocks long, bf16 GQA."""
   # cuDNN at a tile-multiple length (the Pallas case covers ragged ones).
   B, T, H, K, D = 2, 512 if impl == "cudnn" else 520, 8, 2, 64
   q, k, v, ct = _inputs(8, B, T, T, H, K, D, jnp.bfloat16)
   opts = dict(opts)
   if opts.get("segment_ids") == "packed":
     opts["segment_ids"] = _packed_segments(B, T)
-  blocks = None
-  if impl == "pallas_fused_bwd":
-    impl, blocks = "pallas", kernels.AttentionBlockSizes(fused_bwd=True)
   _assert_bf16_matches_fp32_reference(
-      functools.partial(kernels.flash_attention, impl=impl,
-                        block_sizes=blocks, **opts),
+      functools.partial(kernels.flash_attention, impl=impl, **opts),
       q, k, v, ct, opts)
 
 

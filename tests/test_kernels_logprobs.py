@@ -1,7 +1,6 @@
 """Fused token log-prob + entropy: Pallas (interpret) and xla_chunked."""
 
 import dataclasses
-import functools
 
 import chex
 import jax

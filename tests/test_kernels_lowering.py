@@ -133,22 +133,6 @@ def test_flash_attention_fwd_and_bwd_lower_to_triton(compiled_pallas, opts):
   assert _triton_calls(fn, *specs) == 3  # forward, dQ, dK/dV
 
 
-@pytest.mark.parametrize("opts", [
-    dict(),
-    dict(segment_ids=True, sliding_window=True, softcap=30.0, T=4000),
-], ids=["causal", "segments_window_softcap_unaligned"])
-def test_fused_flash_backward_lowers_to_triton(compiled_pallas, opts):
-  blocks = kernels.AttentionBlockSizes(fused_bwd=True)
-  fn, specs = _flash_grads(dict(opts, block_sizes=blocks))
-  assert _triton_calls(fn, *specs) == 2  # forward, dK/dV with dQ
-  if compiled_pallas is not None:
-    assert len(compiled_pallas) == 2
-    # Only the backward adds into dQ, with fp32 atomics.
-    assert "tt.atomic_rmw fadd" not in compiled_pallas[0]
-    assert re.search(r"tt.atomic_rmw fadd.*tensor<\d+x\d+xf32>",
-                     compiled_pallas[1])
-
-
 @pytest.mark.parametrize("kv_layout", ["BSKD", "BKSD"])
 def test_decode_attention_lowers_to_triton(compiled_pallas, kv_layout):
   B, S, H, K, D = 8, 4000, 32, 8, 128

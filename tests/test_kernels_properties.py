@@ -2,7 +2,6 @@
 example compiles an interpreted Pallas kernel, which costs seconds on CPU)."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
