@@ -74,22 +74,16 @@ class Case:
   backend: str = "triton"  # the Pallas kernel family (picks the tune grid)
 
 
-_BWD_FIELDS = ("block_q_dq", "block_k_dq", "block_q_dkv", "block_k_dkv",
-               "num_warps_bwd", "num_stages_bwd")
 # Tile sizes --tune tries, per (op, mode): field -> candidates, or a tuple of
 # fields -> candidate tuples (tried jointly: one kernel's two tile edges).
+# Whole backward configurations with narrow streamed tiles and 3-4 pipeline
+# stages all lost on the H200 (BENCHMARKS.md, run 4), so they are not here.
 TUNE_GRIDS = {
     ("flash_attention", "fwd"): {
         ("block_q", "block_k"): ((128, 32), (128, 64), (128, 128), (64, 64),
                                  (64, 128)),
         "num_stages_fwd": (2, 3, 4)},
     ("flash_attention", "fwd+bwd"): {
-        # Whole backward configurations, tried jointly: narrow streamed tiles
-        # with deeper pipelines (as in Triton's fused-attention tutorial),
-        # which one field at a time would not reach.
-        _BWD_FIELDS: ((128, 32, 32, 128, 4, 3), (128, 32, 32, 128, 4, 4),
-                      (128, 32, 32, 128, 8, 4), (64, 32, 32, 64, 4, 4),
-                      (128, 64, 64, 128, 8, 3)),
         ("block_q_dq", "block_k_dq"): ((64, 64), (128, 32), (128, 64),
                                        (128, 128), (64, 128)),
         ("block_q_dkv", "block_k_dkv"): ((32, 128), (64, 64), (64, 128),
