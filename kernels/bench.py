@@ -272,6 +272,12 @@ def measure(fn: Callable, args: tuple, repeats: int, warmup: int) -> dict:
   t0 = time.perf_counter()
   compiled = jax.jit(fn).lower(*args).compile()
   out = dict(compile_s=time.perf_counter() - t0, **_memory(compiled))
+  out["ms"] = _median_ms(compiled, args, repeats, warmup)
+  return out
+
+
+def _median_ms(compiled, args: tuple, repeats: int, warmup: int) -> float:
+  """``warmup`` calls, then the median of ``repeats`` timed calls, in ms."""
   for _ in range(warmup):
     jax.block_until_ready(compiled(*args))
   times = []
@@ -279,8 +285,7 @@ def measure(fn: Callable, args: tuple, repeats: int, warmup: int) -> dict:
     t0 = time.perf_counter()
     jax.block_until_ready(compiled(*args))
     times.append(time.perf_counter() - t0)
-  out["ms"] = 1e3 * statistics.median(times)
-  return out
+  return 1e3 * statistics.median(times)
 
 
 def run_case(case: Case, repeats: int, warmup: int) -> list[dict]:
@@ -384,15 +389,8 @@ def ab(case: Case, field: str, values: tuple, repeats: int, warmup: int,
       runs[value] = dict(error=_error(e))
   for _ in range(rounds):
     for value, fn in compiled.items():
-      for _ in range(warmup):
-        jax.block_until_ready(fn(*case.args))
-      times = []
-      for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*case.args))
-        times.append(time.perf_counter() - t0)
       runs.setdefault(value, dict(ms=[]))["ms"].append(
-          1e3 * statistics.median(times))
+          _median_ms(fn, case.args, repeats, warmup))
   for run in runs.values():
     if "ms" in run:
       run["median_ms"] = statistics.median(run["ms"])
