@@ -1,12 +1,14 @@
 r"""Benchmark: rollout decode throughput against two baselines, side by side.
 
   python -m experiments.bench_rollout --out runs/bench_rollout.json \
-      [--batch 32] [--new_tokens 256] [--prompt_len 16] [--no_cache_steps 8] \
-      [--cpu_devices N]
+      [--model llama_10m] [--batch 32] [--new_tokens 256] [--prompt_len 16] \
+      [--no_cache_steps 8] [--cpu_devices N]
 
-One randomly initialised Llama-style model (``TransformerConfig.llama_10m``:
-9.83M parameters, hidden 320, 8 layers, vocab 1024) is created in Hugging
-Face transformers, saved as safetensors and imported with
+One randomly initialised Llama-style model (``--model``: a
+``TransformerConfig`` preset, by default ``llama_10m``: 9.83M parameters,
+hidden 320, 8 layers, 5 heads (MHA), vocab 1024; or ``llama_10m_gqa``: 10.2M,
+6 query heads sharing 2 key/value heads) is created in Hugging Face
+transformers, saved as safetensors and imported with
 ``model.hf.load_hf_checkpoint``, so all three contenders run the same
 architecture with the same weights (checked: max |logit difference| on the
 prompts). Each samples ``--new_tokens`` tokens per row at temperature 1 with no
@@ -54,6 +56,8 @@ from agentic_rl import rollout
 from experiments import common
 
 _OUT = flags.DEFINE_string("out", "runs/bench_rollout.json", "JSON output path.")
+_MODEL = flags.DEFINE_enum("model", "llama_10m", ["llama_10m", "llama_10m_gqa"],
+                           "The TransformerConfig preset to benchmark.")
 _BATCH = flags.DEFINE_integer("batch", 32, "Rows per batch.")
 _NEW = flags.DEFINE_integer("new_tokens", 256, "Tokens sampled per row.")
 _PROMPT = flags.DEFINE_integer("prompt_len", 16, "Prompt tokens per row.")
@@ -115,7 +119,7 @@ def main(argv):
   import torch  # pylint: disable=import-outside-toplevel
   T = L + N
   load_start = os.getloadavg()[0]
-  config = model_lib.TransformerConfig.llama_10m()
+  config = getattr(model_lib.TransformerConfig, _MODEL.value)()
   hf = _hf_model(config, _SEED.value)
   with tempfile.TemporaryDirectory() as tmp:
     hf.save_pretrained(tmp, safe_serialization=True)
@@ -199,7 +203,7 @@ def main(argv):
       "engine_full_cache_s": engine_s["engine_full_cache"],
       "engine_full_cache_compile_s": compile_s["engine_full_cache"],
       "no_cache_s": no_cache_s, "no_cache_steps": steps, "hf_generate_s": hf_s,
-      "model_params": num_params, "model": "llama_10m", "batch": B,
+      "model_params": num_params, "model": _MODEL.value, "batch": B,
       "new_tokens": N, "prompt_len": L, "repeats": _REPEATS.value,
       "logits_max_abs_diff_vs_hf": logit_diff,
       "backend": jax.default_backend(), "device": str(jax.devices()[0]),

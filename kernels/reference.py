@@ -98,9 +98,14 @@ def attention(
       q_segment_ids_BxT=segment_ids, kv_segment_ids_BxS=kv_segment_ids,
       causal=causal, sliding_window=sliding_window)
   scale = D ** -0.5 if scale is None else scale
-  q = q_BxTxHxD.reshape(B, T, K, G, D)
+  # Queries head-major, [B, K, G, T, D], and the output of the value product
+  # likewise: with the cache head-major too, XLA:CPU's value product for a
+  # decode step (T == 1, G > 1) is a [G, S] x [S, D] product per (b, k),
+  # which reads the cache at several times the rate of the [D, S] x [S, G]
+  # one the sequence-major einsum gave (BENCHMARKS.md, CPU 2026-12-01).
+  q_BxKxGxTxD = q_BxTxHxD.reshape(B, T, K, G, D).transpose(0, 2, 3, 1, 4)
   s_BxKxGxTxS = jnp.einsum(
-      f"btkgd,{kv}->bkgts", q, k_BxSxKxD,
+      f"bkgtd,{kv}->bkgts", q_BxKxGxTxD, k_BxSxKxD,
       preferred_element_type=jnp.float32) * scale
   if softcap is not None:
     s_BxKxGxTxS = softcap * jnp.tanh(s_BxKxGxTxS / softcap)
@@ -111,9 +116,10 @@ def attention(
   p = jnp.where(m, jnp.exp(s_BxKxGxTxS - row_max), 0.0)
   denom = jnp.sum(p, axis=-1, keepdims=True)
   p = p / jnp.where(denom > 0, denom, 1.0)
-  out = jnp.einsum(f"bkgts,{kv}->btkgd", p.astype(v_BxSxKxD.dtype), v_BxSxKxD,
-                   preferred_element_type=jnp.float32)
-  return out.reshape(B, T, H, D).astype(q_BxTxHxD.dtype)
+  out_BxKxGxTxD = jnp.einsum(f"bkgts,{kv}->bkgtd", p.astype(v_BxSxKxD.dtype),
+                             v_BxSxKxD, preferred_element_type=jnp.float32)
+  return out_BxKxGxTxD.transpose(0, 3, 1, 2, 4).reshape(B, T, H, D).astype(
+      q_BxTxHxD.dtype)
 
 
 def token_logprobs(

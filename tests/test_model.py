@@ -380,6 +380,11 @@ def test_presets_and_window_helper():
       jax.eval_shape(functools.partial(model.init_params, big),
                      jax.random.key(0))))
   assert 9.5e6 < n < 10.5e6 and big.d_model == 320 and big.vocab_size == 1024
+  gqa = model.TransformerConfig.llama_10m_gqa().validate()
+  n = sum(x.size for x in jax.tree.leaves(
+      jax.eval_shape(functools.partial(model.init_params, gqa),
+                     jax.random.key(0))))
+  assert 9.5e6 < n < 10.5e6 and gqa.n_heads == 3 * gqa.n_kv_heads
   assert tiny.n_heads % tiny.n_kv_heads == 0
   np.testing.assert_array_equal(
       CONFIGS[FEAT].layer_windows(), [3, reference.NO_WINDOW])
