@@ -180,6 +180,24 @@ def test_draw_depends_only_on_the_row_key():
   np.testing.assert_array_equal(a, b)
 
 
+def test_position_uniforms_are_the_per_position_draws():
+  # The engine hashes every (row, position) draw once before its loop; a
+  # draw must equal sample_tokens with the key folded with the position.
+  keys = jax.random.split(jax.random.key(3), 4)
+  positions = jnp.array([0, 5, 17])
+  u = jax.jit(S.position_uniforms)(keys, positions)
+  chex.assert_shape(u, (4, 3))
+  chex.assert_type(u, jnp.float32)
+  logp = jax.nn.log_softmax(jax.random.normal(jax.random.key(4), (4, 300)))
+  for j, t in enumerate(positions):
+    folded = jax.vmap(jax.random.fold_in, (0, None))(keys, t)
+    np.testing.assert_array_equal(
+        u[:, j], [jax.random.uniform(k, (), jnp.float32) for k in folded])
+    np.testing.assert_array_equal(S.sample_from_uniforms(u[:, j], logp),
+                                  S.sample_tokens(folded, logp))
+  assert len(np.unique(np.asarray(u))) == u.size
+
+
 def test_to_groups():
   x = jnp.arange(12).reshape(6, 2)
   g = to_groups(x, 3)

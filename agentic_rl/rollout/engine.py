@@ -480,8 +480,13 @@ def run_loop(params, state: RolloutState, cache: model_lib.KVCache, version,
   ``sampling.temperature``.
   """
   params = model_lib.unstack_layers(params)
-  step = lambda s, c: _token_step(params, s, c, version, model_config=model_config,
-                                  sampling=sampling, ids=ids, on_stop=on_stop,
+  T = state.tokens_BxT.shape[1]
+  # Every row's draw at every position, hashed once rather than per step.
+  u_BxT = sampling_lib.position_uniforms(
+      jax.random.wrap_key_data(state.key_B), jnp.arange(T))
+  step = lambda s, c: _token_step(params, s, c, version, u_BxT,
+                                  model_config=model_config, sampling=sampling,
+                                  ids=ids, on_stop=on_stop,
                                   temperature=temperature)
 
   def body(carry):
@@ -489,7 +494,6 @@ def run_loop(params, state: RolloutState, cache: model_lib.KVCache, version,
     s, c = step(s, c)
     return s, c, n + 1
 
-  T = state.tokens_BxT.shape[1]
   n = jnp.int32(0)
   for size in cache_sizes(cache.max_len, T, cache_segments):
     cache = model_lib.grow_cache(cache, size)
@@ -504,10 +508,11 @@ def run_loop(params, state: RolloutState, cache: model_lib.KVCache, version,
   return state, cache
 
 
-def _token_step(params, state: RolloutState, cache, version, *, model_config,
-                sampling: SamplingConfig, ids: FormatIds | None,
+def _token_step(params, state: RolloutState, cache, version, u_BxT, *,
+                model_config, sampling: SamplingConfig, ids: FormatIds | None,
                 on_stop: OnStop, temperature=None):
-  """One token for every live row (see the module docstring)."""
+  """One token for every live row (see the module docstring); ``u_BxT`` are
+  the rows' draws by position (:func:`sampling.position_uniforms`)."""
   B, T = state.tokens_BxT.shape
   rows = jnp.arange(B)
   live = ~state.ended_B & ~state.awaiting_B
@@ -517,9 +522,7 @@ def _token_step(params, state: RolloutState, cache, version, *, model_config,
   w = jnp.minimum(cur + 1, T - 1)
 
   logp_BxV = sampling_lib.sampling_log_probs(logits_BxV, sampling, temperature)
-  keys_B = jax.vmap(jax.random.fold_in)(
-      jax.random.wrap_key_data(state.key_B), w)
-  drawn = sampling_lib.sample_tokens(keys_B, logp_BxV)
+  drawn = sampling_lib.sample_from_uniforms(u_BxT[rows, w], logp_BxV)
   from_queue = state.queue_pos_B < state.queue_len_B
   from_script = ~from_queue & (state.script_pos_B < state.script_len_B)
   policy = ~from_queue

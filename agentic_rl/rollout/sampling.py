@@ -116,22 +116,54 @@ def entropy_of(logp_NxV: jax.Array) -> jax.Array:
   return -jnp.sum(p_log_p, axis=-1)
 
 
-def sample_tokens(keys_N: jax.Array, logp_NxV: jax.Array) -> jax.Array:
-  """One draw per row from ``exp(logp)``, by inverting its CDF.
+def position_uniforms(keys_N: jax.Array, positions_M: jax.Array) -> jax.Array:
+  """``u[n, m] = uniform(fold_in(keys[n], positions[m]))``: the draws of
+  :func:`sample_tokens` for row ``n`` at position ``positions[m]``.
 
-  One uniform ``u`` per row picks the first token whose cumulative
-  probability exceeds ``u`` times the row's total, in two levels: blocks of
-  about ``sqrt(V)`` tokens, then the token within the block, so no
-  ``[N, V]`` prefix sum is needed. Gumbel-max (``argmax(logp + g)``) draws
-  from the same distribution but needs V random numbers per row: at 16 rows
-  and V = 1024 the whole sampling path (log-softmax, entropy, draw) took
+  The rollout engine computes a row's draws for every position once, before
+  its token loop, rather than hashing two keys per row at every step.
+
+  Args:
+    keys_N: ``[N]`` PRNG keys.
+    positions_M: int ``[M]`` positions.
+  Returns:
+    float32 ``[N, M]`` uniforms in ``[0, 1)``.
+  """
+  draw = lambda key, t: jax.random.uniform(jax.random.fold_in(key, t), (),
+                                           jnp.float32)
+  return jax.vmap(lambda k: jax.vmap(lambda t: draw(k, t))(positions_M))(keys_N)
+
+
+def sample_tokens(keys_N: jax.Array, logp_NxV: jax.Array) -> jax.Array:
+  """One draw per row from ``exp(logp)``: :func:`sample_from_uniforms` with
+  ``u = uniform(key)`` for each row's key (so a row's draw depends on its key
+  only, not on the batch it is in).
+
+  Args:
+    keys_N: ``[N]`` PRNG keys, one per row.
+    logp_NxV: float ``[N, V]`` log-probs; each row has a finite entry.
+  Returns:
+    int32 ``[N]`` token ids.
+  """
+  u_N = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys_N)
+  return sample_from_uniforms(u_N, logp_NxV)
+
+
+def sample_from_uniforms(u_N: jax.Array, logp_NxV: jax.Array) -> jax.Array:
+  """One draw per row from ``exp(logp)``, by inverting its CDF at ``u``.
+
+  The uniform ``u`` picks the first token whose cumulative probability
+  exceeds ``u`` times the row's total, in two levels: blocks of about
+  ``sqrt(V)`` tokens, then the token within the block, so no ``[N, V]``
+  prefix sum is needed. Gumbel-max (``argmax(logp + g)``) draws from the
+  same distribution but needs V random numbers per row: at 16 rows and
+  V = 1024 the whole sampling path (log-softmax, entropy, draw) took
   0.436 ms of a 12 ms decode step with it, 0.064 ms with this.
   Tokens of probability 0 (``-inf``) are never drawn, even where rounding
   puts ``u`` past a block's or the row's sum.
 
   Args:
-    keys_N: ``[N]`` PRNG keys, one per row (so a row's draw depends on its key
-      only, not on the batch it is in).
+    u_N: float32 ``[N]`` uniforms in ``[0, 1)``, one per row.
     logp_NxV: float ``[N, V]`` log-probs; each row has a finite entry.
   Returns:
     int32 ``[N]`` token ids.
@@ -143,7 +175,6 @@ def sample_tokens(keys_N: jax.Array, logp_NxV: jax.Array) -> jax.Array:
                     ((0, 0), (0, n_blocks * W - V))).reshape(N, n_blocks, W)
   mass_NxB = jnp.sum(p_NxBxW, axis=-1)
   cum_NxB = jnp.cumsum(mass_NxB, axis=-1)
-  u_N = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys_N)
   u_N = u_N * cum_NxB[:, -1]
   block_N = _first_above(cum_NxB, u_N, mass_NxB > 0)
   before_N = jnp.take_along_axis(
