@@ -531,7 +531,8 @@ def _numpy_forward(params, tokens, c):
 
 def test_compiler_options_per_platform():
   assert model.compiler_options("cpu") == {
-      "xla_cpu_experimental_ynn_fusion_type": ""}
+      "xla_cpu_experimental_ynn_fusion_type": "",
+      "xla_cpu_prefer_vector_width": "512"}
   assert model.compiler_options("gpu") is None
   assert model.compiler_options("tpu") is None
   assert model.compiler_options() == model.compiler_options(jax.default_backend())
