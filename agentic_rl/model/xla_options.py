@@ -29,8 +29,9 @@ of 42-44 GB/s, and the rollout engine (``llama_10m``, batch 32, 256 tokens,
 two host devices; same process, 16 rounds in random order, best round) ran
 at 6459 against 5787 tokens/s when the machine was quiet, and 2-5% faster
 when it was busy. The learner's forward and backward were unchanged (2.03
-against 2.06 s at ``[16, 272]``). On Intel CPUs that lower their clock for
-512-bit code (Skylake-SP), check it with ``experiments.bench_rollout``.
+against 2.06 s at ``[16, 272]``, median of 8). On Intel CPUs that lower
+their clock for 512-bit code (Skylake-SP), check it with
+``experiments.bench_rollout``.
 
 Eigen rounds differently from YNNPACK (logits agree to about 1e-6), and
 training amplifies rounding: the default run's SFT warm start went from
