@@ -325,6 +325,24 @@ def test_rope_depends_only_on_relative_position():
                              q, atol=1e-7)
 
 
+@pytest.mark.parametrize("jit", [False, True])
+def test_rope_table_lookup_equals_direct_tables(jit):
+  # The KV cache gathers RoPE rows from a table of its slots; the values
+  # must be the direct ones exactly (same tokens in rollouts), and positions
+  # past the table clip to its last row.
+  pos = np.array([[0, 5, 271], [3, 100, 7]])
+  tables = functools.partial(transformer.rope_tables, head_dim=64,
+                             theta=10000.0)
+  lookup = functools.partial(tables, table_len=272)
+  if jit:
+    tables, lookup = jax.jit(tables), jax.jit(lookup)
+  for direct, looked_up in zip(tables(pos), lookup(pos)):
+    chex.assert_shape(looked_up, (2, 3, 1, 32))
+    np.testing.assert_array_equal(looked_up, direct)
+  np.testing.assert_array_equal(lookup(np.array([[300]]))[0],
+                                tables(np.array([[271]]))[0])
+
+
 def test_rms_norm_hand_computed():
   x = jnp.array([3.0, 4.0])  # rms = sqrt(12.5)
   want = np.array([3.0, 8.0]) / math.sqrt(12.5)

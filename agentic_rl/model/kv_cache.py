@@ -104,8 +104,10 @@ def _run(params, tokens_BxT, positions_BxT, cache, config, *, from_start):
   k_layers, v_layers = list(cache.k), list(cache.v)
   windows = config.sliding_windows or (None,) * config.n_layers
   x_BxTxD = transformer.embed_tokens(params, tokens_BxT, config)
+  # Cache positions lie in [0, max_len): a table lookup, computed once per
+  # decode loop rather than in every layer of every step.
   rope = transformer.rope_tables(positions_BxT, config.head_dim,
-                                 config.rope_theta)
+                                 config.rope_theta, table_len=cache.max_len)
   for i in range(config.n_layers):
 
     def attend(q, k, v, i=i):

@@ -144,10 +144,23 @@ def rms_norm(x: jax.Array, w: jax.Array, *, eps: float,
 Rope = tuple[jax.Array, jax.Array]  # (cos, sin), each [B, T, 1, Dh / 2]
 
 
-def rope_tables(positions_BxT: jax.Array, head_dim: int, theta: float) -> Rope:
+def rope_tables(positions_BxT: jax.Array, head_dim: int, theta: float, *,
+                table_len: int | None = None) -> Rope:
   """fp32 ``(cos a, sin a)`` ``[B, T, 1, Dh/2]`` with
   ``a_i = pos / theta ** (2i / Dh)``; computed once per forward and shared by
-  every layer's q and k."""
+  every layer's q and k.
+
+  With ``table_len`` (positions in ``[0, table_len)``; others are clipped),
+  the tables are computed for all ``table_len`` positions and gathered by
+  position: the same values, but in a decode loop XLA computes the table once
+  (it does not depend on the step) where it would otherwise recompute cos
+  and sin inside each of the 2L rotation fusions of every step
+  (BENCHMARKS.md, CPU 2026-12-01).
+  """
+  if table_len is not None:
+    cos_S, sin_S = rope_tables(jnp.arange(table_len)[None], head_dim, theta)
+    at = jnp.clip(positions_BxT, 0, table_len - 1)
+    return cos_S[0][at], sin_S[0][at]
   inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32)
                               / head_dim))
   angles_BxTxHalf = positions_BxT[..., None].astype(jnp.float32) * inv_freq
