@@ -129,8 +129,7 @@ def position_uniforms(keys_N: jax.Array, positions_M: jax.Array) -> jax.Array:
   Returns:
     float32 ``[N, M]`` uniforms in ``[0, 1)``.
   """
-  draw = lambda key, t: jax.random.uniform(jax.random.fold_in(key, t), (),
-                                           jnp.float32)
+  draw = lambda key, t: _uniform(jax.random.fold_in(key, t))
   return jax.vmap(lambda k: jax.vmap(lambda t: draw(k, t))(positions_M))(keys_N)
 
 
@@ -145,8 +144,12 @@ def sample_tokens(keys_N: jax.Array, logp_NxV: jax.Array) -> jax.Array:
   Returns:
     int32 ``[N]`` token ids.
   """
-  u_N = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys_N)
-  return sample_from_uniforms(u_N, logp_NxV)
+  return sample_from_uniforms(jax.vmap(_uniform)(keys_N), logp_NxV)
+
+
+def _uniform(key: jax.Array) -> jax.Array:
+  """One float32 uniform in ``[0, 1)``: a row's draw from its key."""
+  return jax.random.uniform(key, (), jnp.float32)
 
 
 def sample_from_uniforms(u_N: jax.Array, logp_NxV: jax.Array) -> jax.Array:
