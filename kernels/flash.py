@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +52,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from agentic_rl.kernels import _common
 from agentic_rl.kernels import attention_rules as rules
+from agentic_rl.kernels import flash_mgpu
 from agentic_rl.kernels import flash_tpu
 from agentic_rl.kernels import reference
 from agentic_rl.kernels.flash_tpu import TpuAttentionBlockSizes
@@ -72,6 +74,13 @@ class AttentionBlockSizes:
   The defaults come from ``python -m agentic_rl.kernels.bench --tune`` on an
   H200 at T = 4096, head_dim 128, bf16, checked against noise with ``--ab``
   (``num_stages_fwd`` 3: GQA forward 1.89 -> 1.68 ms; see BENCHMARKS.md).
+
+  ``bwd``: the backward's kernels, ``"triton"`` (every case) or
+  ``"mosaic_gpu"`` (:mod:`flash_mgpu`: Hopper warpgroup matmuls and a
+  warp-specialised TMA pipeline; 16-bit inputs, self-attention, lengths
+  that are multiples of its tiles, no segment ids or soft-cap, static
+  windows; other cases raise). ``*_mgpu``: its query and key tiles
+  (multiples of 64) and pipeline depth. Not yet timed on a GPU.
   """
   block_q: int = 128
   block_k: int = 128
@@ -83,6 +92,11 @@ class AttentionBlockSizes:
   num_warps_bwd: int = 8
   num_stages_fwd: int = 3
   num_stages_bwd: int = 2
+  bwd: str = "triton"
+  block_q_mgpu: int = 64
+  block_k_mgpu: int = 64
+  stages_mgpu: int = 2
+  warpgroups_mgpu: int = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +124,7 @@ class _Config:
   num_stages_fwd: int
   num_stages_bwd: int
   interpret: bool
+  mosaic_bwd: flash_mgpu.Config | None = None  # bwd="mosaic_gpu"
 
 
 def _make_config(q_shape, k_shape, *, causal, softcap, has_segments,
@@ -438,6 +453,9 @@ def _triton_forward(cfg: _Config, q, k, v, segment_ids, window):
 
 def _triton_backward(cfg: _Config, q, k, v, d_out, lse, delta_BxHxT,
                      segment_ids, window):
+  if cfg.mosaic_bwd is not None:
+    return flash_mgpu.backward(cfg.mosaic_bwd, q, k, v, d_out, lse,
+                               delta_BxHxT)
   T, S, D = q.shape[1], k.shape[1], q.shape[3]
   delta = _common.pad_axis(delta_BxHxT, 2, cfg.Tp)
   qp, kp, vp = _pad_qkv(cfg, q, k, v)
@@ -607,4 +625,41 @@ def flash_attention(
   blocks = _common.block_sizes_for("flash_attention", family, block_sizes,
                                    AttentionBlockSizes)
   cfg = _make_config(q.shape, k.shape, blocks=blocks, **config)
+  if blocks.bwd != "triton":
+    cfg = dataclasses.replace(cfg, mosaic_bwd=_mosaic_bwd_config(
+        q, k, blocks, causal=bool(causal), segment_ids=segment_ids,
+        sliding_window=sliding_window, softcap=softcap, interpret=interpret))
   return _flash(cfg, q, k, v, segment_ids, window)
+
+
+def _mosaic_bwd_config(q, k, blocks: AttentionBlockSizes, *, causal,
+                       segment_ids, sliding_window, softcap, interpret):
+  """The :mod:`flash_mgpu` config for ``bwd="mosaic_gpu"``, or a clear
+  error for a case it does not cover."""
+  op = "flash_attention(block_sizes=AttentionBlockSizes(bwd='mosaic_gpu'))"
+  if blocks.bwd != "mosaic_gpu":
+    raise ValueError(f"flash_attention: AttentionBlockSizes.bwd must be "
+                     f"'triton' or 'mosaic_gpu', got {blocks.bwd!r}")
+  if sliding_window is not None:
+    if not isinstance(sliding_window, numbers.Integral):
+      raise ValueError(f"{op} needs a static int sliding_window, got "
+                       f"{type(sliding_window).__name__}")
+    sliding_window = int(sliding_window)
+  for name in ("stages_mgpu", "warpgroups_mgpu"):
+    if getattr(blocks, name) < 1:
+      raise ValueError(f"{op}: {name} must be >= 1, got "
+                       f"{getattr(blocks, name)}")
+  reason = flash_mgpu.unsupported(
+      q.shape, k.shape, q.dtype, has_segments=segment_ids is not None,
+      softcap=softcap, bq=blocks.block_q_mgpu, bk=blocks.block_k_mgpu,
+      warpgroups=blocks.warpgroups_mgpu)
+  if reason:
+    raise ValueError(f"{op} {reason}; bwd='triton' covers every case")
+  if interpret and not flash_mgpu.CAN_INTERPRET:
+    raise ValueError(f"{op} runs off a GPU only in Pallas' GPU interpreter, "
+                     f"which needs jax >= 0.11 (this is {jax.__version__})")
+  return flash_mgpu.make_config(
+      q.shape, k.shape, causal=causal, window=sliding_window,
+      bq=blocks.block_q_mgpu, bk=blocks.block_k_mgpu,
+      stages=blocks.stages_mgpu, warpgroups=blocks.warpgroups_mgpu,
+      interpret=interpret)

@@ -1,5 +1,6 @@
 """Flash attention: Pallas kernels (interpret mode on CPU) vs references."""
 
+import dataclasses
 import functools
 
 import chex
@@ -9,6 +10,8 @@ import numpy as np
 import pytest
 
 from agentic_rl import kernels
+from agentic_rl.kernels import flash
+from agentic_rl.kernels import flash_mgpu
 from agentic_rl.kernels import reference
 
 # Tiny tiles so that short sequences span several blocks (online softmax,
@@ -165,6 +168,115 @@ def test_bf16_gqa_window_matches_fp32_reference(backend, T):
                         block_sizes=TILES[backend], **opts),
       q, k, v, ct, opts)
   chex.assert_type([out, *grads], jnp.bfloat16)
+
+
+# The Mosaic GPU backward (``bwd="mosaic_gpu"``) in Pallas' GPU interpreter:
+# 64-tiles, so these lengths span 2-4 key and query tiles; the forward is the
+# Triton kernel. Test names avoid "mosaic": gpu_session.sh deselects those.
+# One compute warpgroup here: the interpreter runs each warpgroup as a thread
+# that blocks in XLA:CPU while it waits on a barrier, and three of them
+# (two compute warpgroups and the memory one) starve a 2-core machine's
+# XLA threads when the Triton forward shares their executable. The test
+# after this one runs two warpgroups in a jit of their own.
+MGPU = kernels.AttentionBlockSizes(bwd="mosaic_gpu")
+MGPU_CASES = [
+    # (B, T, H, K, D), dtype, options
+    ((2, 256, 2, 2, 64), jnp.bfloat16, dict()),
+    ((1, 256, 8, 2, 64), jnp.float16, dict(sliding_window=40)),
+    ((1, 128, 4, 1, 128), jnp.bfloat16, dict(causal=False)),
+]
+needs_gpu_interpreter = pytest.mark.skipif(
+    not flash_mgpu.CAN_INTERPRET or jax.default_backend() == "gpu",
+    reason="Pallas' GPU interpreter needs jax >= 0.11 (on a GPU: compiled)")
+
+
+@needs_gpu_interpreter
+@pytest.mark.parametrize("shape,dtype,opts", MGPU_CASES,
+                         ids=["mha", "gqa4_window_f16", "mqa_noncausal_d128"])
+def test_mgpu_backward_interpreted_matches_fp32_reference(shape, dtype, opts):
+  B, T, H, K, D = shape
+  q, k, v, ct = _inputs(11, B, T, T, H, K, D, dtype)
+  blocks = dataclasses.replace(MGPU, warpgroups_mgpu=1)
+  _, grads = _assert_bf16_matches_fp32_reference(
+      functools.partial(kernels.flash_attention, block_sizes=blocks, **opts),
+      q, k, v, ct, opts)
+  chex.assert_type(grads, dtype)
+
+
+@needs_gpu_interpreter
+@pytest.mark.parametrize("opts", [dict(), dict(sliding_window=40)],
+                         ids=["causal", "window"])
+def test_mgpu_backward_two_warpgroups_interpreted(opts):
+  """Two compute warpgroups share the streamed tiles; a tile one of them
+  does not see is masked out in full. The kernels run in their own jit,
+  from the Triton forward's residuals."""
+  B, T, H, K, D = 1, 256, 4, 2, 64
+  q, k, v, ct = _inputs(12, B, T, T, H, K, D, jnp.bfloat16)
+  window = opts.get("sliding_window")
+  triton = flash._make_config(
+      q.shape, k.shape, causal=True, softcap=None, has_segments=False,
+      has_window=window is not None, blocks=kernels.AttentionBlockSizes(),
+      interpret=True)
+  w = None if window is None else jnp.int32(window)
+  out, lse = jax.jit(lambda q, k, v: flash._triton_forward(
+      triton, q, k, v, None, w))(q, k, v)
+  d_out = ct.astype(q.dtype)
+  delta = jnp.einsum("bthd,bthd->bht", out.astype(jnp.float32),
+                     d_out.astype(jnp.float32))
+  cfg = flash_mgpu.make_config(q.shape, k.shape, causal=True, window=window,
+                               bq=64, bk=64, stages=2, warpgroups=2,
+                               interpret=True)
+  grads = jax.jit(functools.partial(flash_mgpu.backward, cfg))(
+      q, k, v, d_out, lse, delta)
+  f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+  _, ref_grads = _value_and_grads(
+      functools.partial(reference.attention, **opts), *f32, ct)
+  for g, rg in zip(grads, ref_grads):
+    _assert_close(g, rg, 1e-2)
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
+@pytest.mark.parametrize("opts", [dict(), dict(sliding_window=100)],
+                         ids=["causal", "window"])
+def test_gpu_mgpu_backward_matches_fp32_reference(opts):
+  """Compiled for Hopper, at the tiles the benchmark uses, bf16 GQA."""
+  B, T, H, K, D = 2, 512, 8, 2, 128
+  q, k, v, ct = _inputs(9, B, T, T, H, K, D, jnp.bfloat16)
+  _assert_bf16_matches_fp32_reference(
+      functools.partial(kernels.flash_attention, block_sizes=MGPU, **opts),
+      q, k, v, ct, opts)
+
+
+@pytest.mark.parametrize("change,kwargs,match", [
+    (dict(dtype=jnp.float32), {}, "needs float16 or bfloat16"),
+    ({}, dict(segment_ids=jnp.zeros((1, 128), jnp.int32)),
+     "does not support segment_ids"),
+    ({}, dict(softcap=5.0), "does not support softcap"),
+    (dict(S=64), {}, "needs equal query and key lengths"),
+    (dict(T=192, S=192), {}, r"multiple of 2 \(warpgroups\) x the query"),
+    (dict(D=32), {}, "head_dim a multiple of 64"),
+    ({}, dict(sliding_window=jnp.int32(8)), "needs a static int"),
+    ({}, dict(block_sizes=kernels.AttentionBlockSizes(bwd="mosaic_gpu",
+                                                      stages_mgpu=0)),
+     "stages_mgpu must be >= 1"),
+    ({}, dict(block_sizes=kernels.AttentionBlockSizes(bwd="cuda")),
+     "bwd must be 'triton' or 'mosaic_gpu'"),
+], ids=["fp32", "segments", "softcap", "cross", "unaligned", "d32",
+        "traced_window", "stages", "unknown"])
+def test_mgpu_backward_refuses_what_it_does_not_cover(change, kwargs, match):
+  shape = dict(T=128, S=128, D=64, dtype=jnp.bfloat16) | change
+  q, k, v, _ = _inputs(0, 1, shape["T"], shape["S"], 2, 1, shape["D"],
+                       shape["dtype"])
+  with pytest.raises(ValueError, match=match):
+    kernels.flash_attention(q, k, v, **({"block_sizes": MGPU} | kwargs))
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="runs compiled")
+def test_mgpu_backward_needs_the_gpu_interpreter_off_a_gpu(monkeypatch):
+  monkeypatch.setattr(flash_mgpu, "CAN_INTERPRET", False)
+  q, k, v, _ = _inputs(0, 1, 128, 128, 2, 1, 64, jnp.bfloat16)
+  with pytest.raises(ValueError, match="needs jax >= 0.11"):
+    kernels.flash_attention(q, k, v, block_sizes=MGPU)
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")

@@ -26,6 +26,8 @@ from agentic_rl.kernels import _common
 # Custom calls of a Pallas Triton kernel: Triton IR (jaxlib <= 0.10.2) or
 # PTX compiled during lowering (newer jaxlibs).
 _TRITON_CALLS = ("__gpu$xla.gpu.triton", "triton_kernel_call_ffi")
+# Custom call of a Pallas Mosaic GPU kernel (its module lowered in Python).
+_MGPU_CALL = "mosaic_gpu_v2"
 
 
 @pytest.fixture
@@ -77,9 +79,11 @@ def _mosaic_kernels(fn, *args, module_text=False):
   return (names, module) if module_text else names
 
 
-def _triton_calls(fn, *args):
+def _cuda_calls(fn, *args):
+  """``(Triton kernels, Mosaic GPU kernels)`` in ``fn`` exported for an
+  abstract H200."""
   checks = [jax.export.DisabledSafetyCheck.custom_call(c)
-            for c in _TRITON_CALLS]
+            for c in (*_TRITON_CALLS, _MGPU_CALL)]
   h200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=None,
                                      platform="gpu")
   target = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=h200)
@@ -93,7 +97,12 @@ def _triton_calls(fn, *args):
     pytest.skip("this jaxlib compiles Triton while lowering and has no CUDA "
                 "Triton compiler here")
   module = exported.mlir_module()
-  return sum(module.count(f"@{c}(") for c in _TRITON_CALLS)
+  return (sum(module.count(f"@{c}(") for c in _TRITON_CALLS),
+          module.count(f"@{_MGPU_CALL}("))
+
+
+def _triton_calls(fn, *args):
+  return _cuda_calls(fn, *args)[0]
 
 
 def _spec(shape, dtype=jnp.bfloat16):
@@ -131,6 +140,23 @@ FLASH_OPTS = pytest.mark.parametrize("opts", [
 def test_flash_attention_fwd_and_bwd_lower_to_triton(compiled_pallas, opts):
   fn, specs = _flash_grads(opts)
   assert _triton_calls(fn, *specs) == 3  # forward, dQ, dK/dV
+
+
+@pytest.mark.parametrize("window", [None, 1024])
+def test_mgpu_backward_lowers_to_two_hopper_kernels(compiled_pallas, window):
+  """bwd='mosaic_gpu' at the benchmark's shape: the Triton forward, then the
+  dQ and dK/dV Mosaic GPU kernels (lowered to Mosaic GPU's MLIR; the PTX
+  compile needs a GPU)."""
+  B, T, H, K, D = 2, 4096, 8, 2, 128
+  blocks = kernels.AttentionBlockSizes(bwd="mosaic_gpu")
+
+  def loss(q, k, v):
+    return jnp.sum(kernels.flash_attention(
+        q, k, v, sliding_window=window, block_sizes=blocks).astype(
+            jnp.float32))
+  grads = jax.grad(loss, argnums=(0, 1, 2))
+  assert _cuda_calls(grads, _spec((B, T, H, D)), _spec((B, T, K, D)),
+                     _spec((B, T, K, D))) == (1, 2)
 
 
 @pytest.mark.parametrize("kv_layout", ["BSKD", "BKSD"])

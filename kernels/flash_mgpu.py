@@ -1,0 +1,365 @@
+"""Flash attention backward as Mosaic GPU (Hopper) kernels.
+
+The Triton backward (:mod:`flash`) runs its tile matmuls at about the rate
+Triton's own FlashAttention-2 kernels reach on an H200, well below cuDNN
+(BENCHMARKS.md). These kernels are the same two-kernel schedule, dQ and
+dK/dV with 7 tile matmuls per block pair, written for Hopper with Pallas'
+Mosaic GPU backend: warpgroup matmuls (``wgmma``) reading swizzled shared
+memory, and a warp-specialised pipeline in which a memory warpgroup streams
+tiles by TMA into a ring of ``stages`` slots while ``warpgroups`` compute
+warpgroups, each owning one tile of the program's, run the matmuls and the
+softmax algebra on them (one's softmax can overlap another's matmuls):
+
+    dQ kernel, per query tile i, over key tiles j:
+      S = Q K_j^T,  dP = dO V_j^T,  P = exp2(S - lse),  dS = P (dP - delta)
+      dQ += dS K_j                                   (dQ = scale * sum)
+    dK/dV kernel, per key tile j, over query tiles i (and the G query heads
+    of its key/value head):
+      S^T = K Q_i^T,  dP^T = V dO_i^T,  P^T, dS^T as above
+      dV += P^T dO_i,  dK += dS^T Q_i                (dK = scale * sum)
+
+``lse`` is the forward's base-2 log-sum-exp and ``delta = rowsum(O * dO)``
+(:func:`flash._flash_bwd`); the logits are taken in base 2 as in the Triton
+kernels. Tiles are kept key-major in the dK/dV kernel (``S^T``), so ``P^T``
+and ``dS^T`` feed their matmuls without a transpose. Both go through shared
+memory (``P^T``/``dS^T`` staging tiles): the left operand of every wgmma is
+a shared-memory tile, which also lets the kernels run in Pallas' GPU
+interpreter on CPU (it models wgmma on shared-memory operands only).
+
+Scope (:func:`unsupported` says why a case is out of it, and
+:func:`flash.flash_attention` raises that): float16 or bfloat16,
+self-attention (``T == S``) with the length a multiple of ``warpgroups``
+tiles, head_dim a multiple of 64, causal masking and static sliding windows;
+no segment ids and no soft-cap (the Triton backward covers those). Masks
+follow :mod:`attention_rules`, and the streamed block range is its
+``key_blocks`` / ``query_blocks`` over the program's tiles, so tiles no
+warpgroup sees are never loaded; every streamed tile is masked (a first
+version: the Triton kernels skip the mask on fully visible tiles).
+
+Status: tested in the GPU interpreter (jax >= 0.11) and lowered for CUDA on
+CPU (every jax this project supports); not yet compiled or timed on a GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from agentic_rl.kernels import _common
+from agentic_rl.kernels import attention_rules as rules
+
+DTYPES = (jnp.float16, jnp.bfloat16)
+# Pallas' GPU interpreter (runs these kernels on CPU) arrived in jax 0.11.
+CAN_INTERPRET = hasattr(plgpu, "InterpretGPUParams")
+# plgpu.load's index: required in jax 0.10, optional in 0.11, gone in 0.12.
+_LOAD_INDEX = inspect.signature(plgpu.load).parameters.get("idx")
+_LOAD_ARGS = (() if _LOAD_INDEX is None
+              or _LOAD_INDEX.default is not inspect.Parameter.empty else ((),))
+# wgmma's M is 64 rows per warpgroup; a 128-byte swizzle holds 64 16-bit
+# elements, so tiles and head_dim are multiples of 64.
+TILE = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """What the Mosaic GPU backward specialises on (hashable)."""
+  causal: bool
+  window: int | None  # static sliding window
+  scale: float
+  T: int
+  S: int
+  Sp: int  # == S: lengths are tile multiples (attention_rules needs it)
+  D: int
+  groups: int
+  bq: int
+  bk: int
+  stages: int
+  warpgroups: int  # compute warpgroups per program, each with its own tile
+  interpret: bool
+  softcap: None = None  # the fields attention_rules reads
+  has_segments: bool = False
+
+  @property
+  def has_window(self) -> bool:
+    return self.window is not None
+
+
+def unsupported(q_shape, k_shape, dtype, *, has_segments, softcap,
+                bq: int, bk: int, warpgroups: int) -> str | None:
+  """Why the Mosaic GPU backward cannot run this case, or None."""
+  _, T, _, D = q_shape
+  S = k_shape[1]
+  if jnp.dtype(dtype) not in [jnp.dtype(d) for d in DTYPES]:
+    return f"needs float16 or bfloat16 inputs, got {jnp.dtype(dtype)}"
+  if has_segments:
+    return "does not support segment_ids"
+  if softcap is not None:
+    return "does not support softcap"
+  if T != S:
+    return f"needs equal query and key lengths, got {T} and {S}"
+  if D % TILE:
+    return f"needs head_dim a multiple of {TILE}, got {D}"
+  for name, b in (("query", bq), ("key", bk)):
+    if b % TILE or T % (b * warpgroups):
+      return (f"needs the length {T} to be a multiple of {warpgroups} "
+              f"(warpgroups) x the {name} tile {b}, a multiple of {TILE}")
+  return None
+
+
+def make_config(q_shape, k_shape, *, causal, window, bq, bk, stages,
+                warpgroups, interpret) -> Config:
+  _, T, H, D = q_shape
+  S, K = k_shape[1], k_shape[2]
+  return Config(causal=causal, window=window, scale=float(D) ** -0.5,
+                T=T, S=S, Sp=S, D=D, groups=H // K, bq=bq, bk=bk,
+                stages=stages, warpgroups=warpgroups, interpret=interpret)
+
+
+# --------------------------------------------------------------------------
+# In-kernel helpers.
+
+_TILED = (plgpu.TilingTransform((8, TILE)), plgpu.SwizzleTransform(128))
+
+
+def _smem(shape, dtype):
+  """A swizzled shared-memory tile (a wgmma operand)."""
+  return plgpu.SMEM(shape, dtype, transforms=_TILED)
+
+
+def _matmuls(shape, *operands):
+  """``[a @ b for a, b in operands]``, fp32 ``shape``: every wgmma is issued
+  before the first result is read (one wait for all)."""
+  def run(*acc_refs):
+    for acc_ref, (a, b) in zip(acc_refs, operands):
+      plgpu.wgmma(acc_ref, a, b)
+    return [acc_ref[...] for acc_ref in acc_refs]
+  return pl.run_scoped(run, *[plgpu.ACC(shape, jnp.float32)] * len(operands))
+
+
+def _mask(cfg: Config, rows, cols, offset, key_major):
+  """Visibility (:func:`attention_rules.visible`: causal ``s <= t``, window
+  ``t - s < window``) of a ``[rows, cols]`` tile whose corner has ``t - s =
+  offset``; query-major (``[bq, bk]``) or ``key_major`` (``[bk, bq]``).
+  None when every pair is visible."""
+  if not cfg.causal and cfg.window is None:
+    return None
+  def iota(dim):
+    return plgpu.broadcasted_iota(jnp.int32, (rows, cols), dim,
+                                  layout=plgpu.Layout.WGMMA)
+  t_minus_s = offset + (iota(1) - iota(0) if key_major else
+                        iota(0) - iota(1))
+  mask = t_minus_s >= 0 if cfg.causal else None
+  if cfg.window is not None:
+    inside = t_minus_s < cfg.window
+    mask = inside if mask is None else mask & inside
+  return mask
+
+
+def _probs_and_dlogits(cfg, s, dp, lse, delta, mask):
+  """``P = exp2(S * scale * log2 e - lse)`` (masked to 0) and
+  ``dS = P * (dP - delta)``; ``lse``/``delta`` broadcast by the caller."""
+  p = jnp.exp2(s * (cfg.scale * _common.LOG2E) - lse)
+  if mask is not None:
+    p = jnp.where(mask, p, 0.0)
+  return p, p * (dp - delta)
+
+
+def _block_range(blocks, cfg, start, size, tile):
+  lo, hi = blocks(cfg, start, size, tile, cfg.window)
+  return jnp.asarray(lo, jnp.int32), jnp.asarray(hi, jnp.int32)
+
+
+# --------------------------------------------------------------------------
+# dQ: one program per (W query tiles, query head, batch row). Compute
+# warpgroup w owns query tile w; the memory warpgroup streams the key/value
+# tiles that any of them sees (a tile one of them does not see is masked
+# out in full).
+
+
+def _dq_kernel(cfg: Config, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
+               dq_ref, q_smem, do_smem, lse_smem, delta_smem, ds_smem, bar):
+  bq, bk, D, W, dtype = cfg.bq, cfg.bk, cfg.D, cfg.warpgroups, q_ref.dtype
+  i, h, b = (lax.axis_index(n) for n in ("q", "h", "b"))
+  kh = lax.div(h, jnp.int32(cfg.groups))
+  lo, hi = _block_range(rules.key_blocks, cfg, i * W * bq, W * bq, bk)
+
+  def compute(pipeline):
+    w = lax.axis_index("wg")
+    q0 = (i * W + w) * bq
+    rows = pl.ds(q0, bq)
+    mine = [q_smem.at[w], do_smem.at[w], lse_smem.at[w], delta_smem.at[w]]
+    for n, (src, dst) in enumerate(zip(
+        [q_ref.at[b, rows, h], do_ref.at[b, rows, h], lse_ref.at[b, h, rows],
+         delta_ref.at[b, h, rows]], mine)):
+      plgpu.copy_gmem_to_smem(src, dst, bar[n].at[w])
+    for n in range(4):
+      plgpu.barrier_wait(bar[n].at[w])
+    row_vec = plgpu.Layout.WGMMA.reduce(1)
+    lse = plgpu.load(mine[2], *_LOAD_ARGS, layout=row_vec)
+    delta = plgpu.load(mine[3], *_LOAD_ARGS, layout=row_vec)
+
+    def run(dq_acc):
+      pipeline((lse, delta, dq_acc))
+      return dq_acc[...]
+    dq = pl.run_scoped(run, plgpu.ACC((bq, D), jnp.float32))
+    mine[0][...] = (dq * cfg.scale).astype(dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(mine[0], dq_ref.at[b, rows, h])
+    plgpu.wait_smem_to_gmem(0)
+
+  def step(idx, k_smem, v_smem, carry):
+    lse, delta, dq_acc = carry
+    w = lax.axis_index("wg")
+    q_tile, do_tile, ds_tile = q_smem.at[w], do_smem.at[w], ds_smem.at[w]
+    s, dp = _matmuls((bq, bk), (q_tile, k_smem.transpose((1, 0))),
+                     (do_tile, v_smem.transpose((1, 0))))
+    offset = (i * W + w) * bq - (lo + idx[0]) * bk
+    _, ds = _probs_and_dlogits(
+        cfg, s, dp, lax.broadcast_in_dim(lse, (bq, bk), [0]),
+        lax.broadcast_in_dim(delta, (bq, bk), [0]),
+        _mask(cfg, bq, bk, offset, key_major=False))
+    ds_tile[...] = ds.astype(dtype)
+    plgpu.commit_smem()
+    plgpu.wgmma(dq_acc, ds_tile, k_smem)
+    plgpu.wgmma_wait(0)  # k_smem and ds_tile are reused after this step
+    return carry
+
+  kv_spec = plgpu.BlockSpec((bk, D), lambda j: (lo + j, 0), transforms=_TILED)
+  pipeline = plgpu.emit_pipeline_warp_specialized(
+      step, grid=(hi - lo,), memory_registers=40,
+      in_specs=[kv_spec, kv_spec], max_concurrent_steps=cfg.stages,
+      wg_axis="wg", num_compute_wgs=W, compute_context=compute)
+  pipeline(k_ref.at[b, :, kh], v_ref.at[b, :, kh])
+
+
+def _dq_call(cfg: Config, q, k, v, do, lse, delta):
+  B, T, H, D = q.shape
+  W, bq = cfg.warpgroups, cfg.bq
+  scratch = [
+      _smem((W, bq, D), q.dtype), _smem((W, bq, D), q.dtype),
+      plgpu.SMEM((W, bq), jnp.float32), plgpu.SMEM((W, bq), jnp.float32),
+      _smem((W, bq, cfg.bk), q.dtype),
+      (plgpu.Barrier(num_barriers=W),) * 4]
+  return plgpu.kernel(
+      functools.partial(_dq_kernel, cfg), out_type=q, scratch_types=scratch,
+      grid=(T // (W * bq), H, B), grid_names=("q", "h", "b"),
+      num_threads=W + 1, thread_name="wg",
+      compiler_params=plgpu.CompilerParams(approx_math=True),
+      interpret=_interpret(cfg),
+  )(q, k, v, do, lse, delta)
+
+
+# --------------------------------------------------------------------------
+# dK/dV: one program per (W key tiles, key/value head, batch row), streaming
+# the query tiles of each of the G query heads that share the key/value
+# head. Compute warpgroup w owns key tile w.
+
+
+def _dkdv_kernel(cfg: Config, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
+                 dk_ref, dv_ref, k_smem, v_smem, p_smem, ds_smem, bar):
+  bq, bk, D, G, W = cfg.bq, cfg.bk, cfg.D, cfg.groups, cfg.warpgroups
+  dtype = k_ref.dtype
+  j, kh, b = (lax.axis_index(n) for n in ("k", "kh", "b"))
+  lo, hi = _block_range(rules.query_blocks, cfg, j * W * bk, W * bk, bq)
+  n = hi - lo  # query tiles per head; the pipeline runs G * n steps
+
+  def compute(pipeline):
+    w = lax.axis_index("wg")
+    keys = pl.ds((j * W + w) * bk, bk)
+    k_tile, v_tile = k_smem.at[w], v_smem.at[w]
+    plgpu.copy_gmem_to_smem(k_ref.at[b, keys, kh], k_tile, bar[0].at[w])
+    plgpu.copy_gmem_to_smem(v_ref.at[b, keys, kh], v_tile, bar[1].at[w])
+    plgpu.barrier_wait(bar[0].at[w])
+    plgpu.barrier_wait(bar[1].at[w])
+
+    def run(dk_acc, dv_acc):
+      pipeline((dk_acc, dv_acc))
+      return dk_acc[...], dv_acc[...]
+    acc = plgpu.ACC((bk, D), jnp.float32)
+    dk, dv = pl.run_scoped(run, acc, acc)
+    k_tile[...] = (dk * cfg.scale).astype(dtype)
+    v_tile[...] = dv.astype(dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(k_tile, dk_ref.at[b, keys, kh])
+    plgpu.copy_smem_to_gmem(v_tile, dv_ref.at[b, keys, kh])
+    plgpu.wait_smem_to_gmem(0)
+
+  def step(idx, q_tile, do_tile, lse_smem, delta_smem, carry):
+    dk_acc, dv_acc = carry
+    w = lax.axis_index("wg")
+    k_tile, v_tile = k_smem.at[w], v_smem.at[w]
+    p_tile, ds_tile = p_smem.at[w], ds_smem.at[w]
+    s_t, dp_t = _matmuls((bk, bq), (k_tile, q_tile.transpose((1, 0))),
+                         (v_tile, do_tile.transpose((1, 0))))
+    col_vec = plgpu.Layout.WGMMA.reduce(0)
+    lse = plgpu.load(lse_smem, *_LOAD_ARGS, layout=col_vec)
+    delta = plgpu.load(delta_smem, *_LOAD_ARGS, layout=col_vec)
+    offset = _q_index(lo, n, idx[0])[0] * bq - (j * W + w) * bk
+    p_t, ds_t = _probs_and_dlogits(
+        cfg, s_t, dp_t, lax.broadcast_in_dim(lse, (bk, bq), [1]),
+        lax.broadcast_in_dim(delta, (bk, bq), [1]),
+        _mask(cfg, bk, bq, offset, key_major=True))
+    p_tile[...] = p_t.astype(dtype)
+    ds_tile[...] = ds_t.astype(dtype)
+    plgpu.commit_smem()
+    plgpu.wgmma(dv_acc, p_tile, do_tile)
+    plgpu.wgmma(dk_acc, ds_tile, q_tile)
+    plgpu.wgmma_wait(0)  # the streamed and staging tiles are reused
+    return carry
+
+  q_spec = plgpu.BlockSpec((bq, None, D),
+                           lambda m: (*_q_index(lo, n, m), 0),
+                           transforms=_TILED)
+  row_spec = plgpu.BlockSpec((None, bq), lambda m: _q_index(lo, n, m)[::-1])
+  pipeline = plgpu.emit_pipeline_warp_specialized(
+      step, grid=(G * n,), memory_registers=40,
+      in_specs=[q_spec, q_spec, row_spec, row_spec],
+      max_concurrent_steps=cfg.stages, wg_axis="wg", num_compute_wgs=W,
+      compute_context=compute)
+  heads = pl.ds(kh * G, G)
+  pipeline(q_ref.at[b, :, heads], do_ref.at[b, :, heads],
+           lse_ref.at[b, heads], delta_ref.at[b, heads])
+
+
+def _q_index(lo, n, m):
+  """dK/dV pipeline step ``m`` -> (query tile, query head in the group)."""
+  return lo + lax.rem(m, n), lax.div(m, n)
+
+
+def _dkdv_call(cfg: Config, q, k, v, do, lse, delta):
+  B, S, K, D = k.shape
+  W, bk = cfg.warpgroups, cfg.bk
+  scratch = [
+      _smem((W, bk, D), k.dtype), _smem((W, bk, D), k.dtype),
+      _smem((W, bk, cfg.bq), k.dtype), _smem((W, bk, cfg.bq), k.dtype),
+      (plgpu.Barrier(num_barriers=W),) * 2]
+  return plgpu.kernel(
+      functools.partial(_dkdv_kernel, cfg), out_type=(k, v),
+      scratch_types=scratch, grid=(S // (W * bk), K, B),
+      grid_names=("k", "kh", "b"), num_threads=W + 1, thread_name="wg",
+      compiler_params=plgpu.CompilerParams(approx_math=True),
+      interpret=_interpret(cfg),
+  )(q, k, v, do, lse, delta)
+
+
+def _interpret(cfg: Config):
+  return plgpu.InterpretGPUParams() if cfg.interpret else None
+
+
+def backward(cfg: Config, q, k, v, d_out, lse_BxHxT, delta_BxHxT):
+  """``(dq, dk, dv)`` of attention; shapes and dtypes of ``q``, ``k``, ``v``.
+
+  ``lse_BxHxT``: the forward's base-2 log-sum-exp (fp32, may be longer than
+  T: the Triton forward pads it). ``delta_BxHxT``: ``rowsum(O * dO)`` fp32.
+  """
+  T = q.shape[1]
+  lse = lse_BxHxT[:, :, :T]
+  dq = _dq_call(cfg, q, k, v, d_out, lse, delta_BxHxT)
+  dk, dv = _dkdv_call(cfg, q, k, v, d_out, lse, delta_BxHxT)
+  return dq, dk, dv
