@@ -18,7 +18,9 @@
 #                the attention and log-prob kernels);
 #   4. AB:       (empty by default) space-separated FIELD=V1,V2 specs, each
 #                run as python -m agentic_rl.kernels.bench --ab SPEC over
-#                AB_OPS, under AB_S seconds each (writes ab_FIELD.json).
+#                AB_OPS, under AB_S seconds each (writes ab_FIELD.json);
+#                AB_BASE (a JSON object, e.g. '{"bwd": "mosaic_gpu"}') holds
+#                other tile fields fixed (--ab_base).
 # Writes env.txt, tests.log, bench.log, bench_h200.json, tune.log,
 # tune_h200.json (and ab.log, ab_*.json) under $OUT
 # (default runs/gpu). The JSON files are rewritten after every case, so a step
@@ -37,6 +39,7 @@ TUNE_OPS=${TUNE_OPS:-flash_attention,token_logprobs}
 AB=${AB:-}
 AB_OPS=${AB_OPS:-flash_attention}
 AB_S=${AB_S:-120}
+AB_BASE=${AB_BASE:-}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 
@@ -76,5 +79,6 @@ fi
 for spec in $AB; do
   echo "== 4. A/B $spec"
   timeout "$AB_S" python3 -m agentic_rl.kernels.bench --ops "$AB_OPS" \
-    --ab "$spec" --out "$OUT/ab_${spec%%=*}.json" 2>&1 | tee -a "$OUT/ab.log"
+    --ab "$spec" ${AB_BASE:+--ab_base "$AB_BASE"} \
+    --out "$OUT/ab_${spec%%=*}.json" 2>&1 | tee -a "$OUT/ab.log"
 done

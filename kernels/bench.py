@@ -4,6 +4,7 @@
         [--backend triton|mosaic_tpu]
     python -m agentic_rl.kernels.bench --tune --out FILE [--max_seconds S]
     python -m agentic_rl.kernels.bench --ab FIELD=V1,V2 --out FILE [--rounds R]
+        [--ab_base JSON]
 
 For each op and shape, every implementation available on this backend is
 compiled once (``jax.jit(f).lower(...).compile()``, whose
@@ -19,8 +20,10 @@ goes on. ``--quick`` uses tiny shapes (CPU: Pallas runs interpreted).
 TPU), or ``--backend``'s on CPU.
 
 ``--ab FIELD=V1,V2`` checks one tile change against noise: the Pallas kernel
-at the default tiles with ``FIELD`` set to each value, timed in interleaved
-rounds (:func:`ab`).
+at the default tiles (with ``--ab_base``'s fields changed, a JSON object)
+with ``FIELD`` set to each value, timed in interleaved rounds (:func:`ab`).
+On a GPU the attention fwd+bwd rows also time ``pallas_mgpu_bwd``: the
+Triton forward with the Mosaic GPU backward (``bwd="mosaic_gpu"``).
 
 ``--tune`` times the Pallas implementation alone over its tile sizes instead:
 one pass of coordinate search per case over :data:`TUNE_GRIDS` (Triton) or
@@ -179,6 +182,10 @@ def _attention_cases(backend, B, T, H, K, D, dtype, window=None):
       "flash_attention", shape, dtype, (q, k, v), backend, attend,
       lambda out: jnp.sum(out.astype(jnp.float32)), (0, 1, 2),
       flops=fwd_flops, bwd_flops=3.5 * fwd_flops)
+  if backend == "triton" and jax.default_backend() == "gpu":
+    # The Hopper backward beside the Triton one (the same Triton forward).
+    fwd_bwd.fns["pallas_mgpu_bwd"] = fwd_bwd.pallas_with(
+        kernels.AttentionBlockSizes(bwd="mosaic_gpu"))
   return [fwd, fwd_bwd]
 
 
@@ -369,19 +376,22 @@ def tune(case: Case, repeats: int, warmup: int, *, deadline: float,
 
 
 def ab(case: Case, field: str, values: tuple, repeats: int, warmup: int,
-       rounds: int) -> dict:
-  """Times the Pallas kernel at the default tiles with ``field`` set to each
-  of ``values``, interleaved over ``rounds`` rounds (A B A B ...), so that a
-  drift of the machine hits every value alike. Each value is compiled once;
-  a round records each value's median of ``repeats`` calls. Returns the
-  per-round ``ms`` lists and each value's median over the rounds."""
+       rounds: int, base: dict | None = None) -> dict:
+  """Times the Pallas kernel at the default tiles (with the fields of
+  ``base`` changed) with ``field`` set to each of ``values``, interleaved
+  over ``rounds`` rounds (A B A B ...), so that a drift of the machine hits
+  every value alike. Each value is compiled once; a round records each
+  value's median of ``repeats`` calls. Returns the per-round ``ms`` lists
+  and each value's median over the rounds."""
+  base = dict(base or {})
   names = [f.name for f in dataclasses.fields(case.blocks)]
-  if field not in names:
-    raise ValueError(f"--ab: {case.blocks.__name__} has no field {field!r}; "
-                     f"it has {names}")
+  for name in (field, *base):
+    if name not in names:
+      raise ValueError(f"--ab: {case.blocks.__name__} has no field {name!r}; "
+                       f"it has {names}")
   compiled, runs = {}, {}
   for value in values:
-    blocks = dataclasses.replace(case.blocks(), **{field: value})
+    blocks = dataclasses.replace(case.blocks(**base), **{field: value})
     try:
       compiled[value] = jax.jit(case.pallas_with(blocks)).lower(
           *case.args).compile()
@@ -395,7 +405,8 @@ def ab(case: Case, field: str, values: tuple, repeats: int, warmup: int,
     if "ms" in run:
       run["median_ms"] = statistics.median(run["ms"])
   return dict(op=case.op, mode=case.mode, shape=case.shape, dtype=case.dtype,
-              field=field, runs=[dict(value=v, **r) for v, r in runs.items()])
+              field=field, base=base,
+              runs=[dict(value=v, **r) for v, r in runs.items()])
 
 
 def _parse_ab(text: str) -> tuple[str, tuple]:
@@ -445,6 +456,9 @@ def main(argv=None) -> dict:
   parser.add_argument("--ab", default=None, metavar="FIELD=V1,V2",
                       help="time the Pallas kernels with one tile field set "
                       "to each value, interleaved over --rounds rounds")
+  parser.add_argument("--ab_base", default=None, metavar="JSON",
+                      help="--ab: other tile fields to hold at these values, "
+                      "e.g. '{\"bwd\": \"mosaic_gpu\"}'")
   parser.add_argument("--rounds", type=int, default=5, help="--ab rounds")
   parser.add_argument("--max_seconds", type=float, default=None,
                       help="--tune: stop trying new tiles after this long")
@@ -479,7 +493,8 @@ def main(argv=None) -> dict:
     for case in cases(args.quick, ops, backend):
       if case.pallas_with is None:
         continue
-      result = ab(case, field, values, repeats, warmup, args.rounds)
+      result = ab(case, field, values, repeats, warmup, args.rounds,
+                  json.loads(args.ab_base) if args.ab_base else None)
       report["ab"].append(result)
       print(f"{case.op} {case.mode} [{case.shape}] {field}: " + ", ".join(
           f"{r['value']}: {r.get('median_ms', r.get('error'))}"

@@ -129,3 +129,17 @@ def test_ab_rejects_a_malformed_or_unknown_field():
     bench._parse_ab("block_k")
   with pytest.raises(ValueError, match="has no field 'num_stages_fwd'"):
     bench.ab(_quick_decode_case(), "num_stages_fwd", (2, 3), 1, 0, 1)
+
+
+def test_ab_holds_the_base_fields(tmp_path):
+  """--ab_base changes the other fields of every value: a bad base tile makes
+  both values fail."""
+  out = tmp_path / "ab.json"
+  bench.main(["--out", str(out), "--quick", "--ops", "decode_attention",
+              "--repeats", "1", "--ab", "num_splits=1,2", "--rounds", "1",
+              "--ab_base", '{"block_k": 24}'])
+  [result] = json.loads(out.read_text())["ab"]
+  assert result["base"] == {"block_k": 24}
+  assert [("error" in r) for r in result["runs"]] == [True, True]
+  with pytest.raises(ValueError, match="has no field 'nope'"):
+    bench.ab(_quick_decode_case(), "block_k", (32,), 1, 0, 1, {"nope": 1})
