@@ -33,8 +33,7 @@ tiles, head_dim a multiple of 64, causal masking and static sliding windows;
 no segment ids and no soft-cap (the Triton backward covers those). Masks
 follow :mod:`attention_rules`, and the streamed block range is its
 ``key_blocks`` / ``query_blocks`` over the program's tiles, so tiles no
-warpgroup sees are never loaded; every streamed tile is masked (a first
-version: the Triton kernels skip the mask on fully visible tiles).
+warpgroup sees are never loaded; tiles that see every pair skip the mask.
 
 Status: tested in the GPU interpreter (jax >= 0.11) and lowered for CUDA on
 CPU (every jax this project supports); not yet compiled or timed on a GPU.
@@ -142,31 +141,42 @@ def _matmuls(shape, *operands):
   return pl.run_scoped(run, *[plgpu.ACC(shape, jnp.float32)] * len(operands))
 
 
-def _mask(cfg: Config, rows, cols, offset, key_major):
-  """Visibility (:func:`attention_rules.visible`: causal ``s <= t``, window
-  ``t - s < window``) of a ``[rows, cols]`` tile whose corner has ``t - s =
-  offset``; query-major (``[bq, bk]``) or ``key_major`` (``[bk, bq]``).
-  None when every pair is visible."""
+def _masked(cfg: Config, p, offset, key_major):
+  """``p`` with the pairs a tile cannot see set to 0 (the rules of
+  :func:`attention_rules.visible`: causal ``s <= t``, window ``t - s <
+  window``). The tile is ``[rows, cols]``, query-major (``[bq, bk]``) or
+  ``key_major`` (``[bk, bq]``), and its corner has ``t - s = offset``. Tiles
+  that see every pair skip the mask arithmetic (a ``lax.cond``)."""
   if not cfg.causal and cfg.window is None:
-    return None
-  def iota(dim):
-    return plgpu.broadcasted_iota(jnp.int32, (rows, cols), dim,
-                                  layout=plgpu.Layout.WGMMA)
-  t_minus_s = offset + (iota(1) - iota(0) if key_major else
-                        iota(0) - iota(1))
-  mask = t_minus_s >= 0 if cfg.causal else None
+    return p
+  rows, cols = p.shape
+  q_span, k_span = (cols, rows) if key_major else (rows, cols)
+  lowest, highest = offset - (k_span - 1), offset + (q_span - 1)  # of t - s
+  full = jnp.bool_(True)
+  if cfg.causal:
+    full = full & (lowest >= 0)
   if cfg.window is not None:
-    inside = t_minus_s < cfg.window
-    mask = inside if mask is None else mask & inside
-  return mask
+    full = full & (highest < cfg.window)
+
+  def mask(p):
+    def iota(dim):
+      return plgpu.broadcasted_iota(jnp.int32, (rows, cols), dim,
+                                    layout=plgpu.Layout.WGMMA)
+    t_minus_s = offset + (iota(1) - iota(0) if key_major else
+                          iota(0) - iota(1))
+    visible = t_minus_s >= 0 if cfg.causal else None
+    if cfg.window is not None:
+      inside = t_minus_s < cfg.window
+      visible = inside if visible is None else visible & inside
+    return jnp.where(visible, p, 0.0)
+  return lax.cond(full, lambda p: p, mask, p)
 
 
-def _probs_and_dlogits(cfg, s, dp, lse, delta, mask):
-  """``P = exp2(S * scale * log2 e - lse)`` (masked to 0) and
-  ``dS = P * (dP - delta)``; ``lse``/``delta`` broadcast by the caller."""
-  p = jnp.exp2(s * (cfg.scale * _common.LOG2E) - lse)
-  if mask is not None:
-    p = jnp.where(mask, p, 0.0)
+def _probs_and_dlogits(cfg, s, dp, lse, delta, offset, key_major):
+  """``P = exp2(S * scale * log2 e - lse)`` (masked to 0, :func:`_masked`)
+  and ``dS = P * (dP - delta)``; ``lse``/``delta`` broadcast by the caller."""
+  p = _masked(cfg, jnp.exp2(s * (cfg.scale * _common.LOG2E) - lse), offset,
+              key_major)
   return p, p * (dp - delta)
 
 
@@ -222,8 +232,7 @@ def _dq_kernel(cfg: Config, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
     offset = (i * W + w) * bq - (lo + idx[0]) * bk
     _, ds = _probs_and_dlogits(
         cfg, s, dp, lax.broadcast_in_dim(lse, (bq, bk), [0]),
-        lax.broadcast_in_dim(delta, (bq, bk), [0]),
-        _mask(cfg, bq, bk, offset, key_major=False))
+        lax.broadcast_in_dim(delta, (bq, bk), [0]), offset, key_major=False)
     ds_tile[...] = ds.astype(dtype)
     plgpu.commit_smem()
     plgpu.wgmma(dq_acc, ds_tile, k_smem)
@@ -303,8 +312,7 @@ def _dkdv_kernel(cfg: Config, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
     offset = _q_index(lo, n, idx[0])[0] * bq - (j * W + w) * bk
     p_t, ds_t = _probs_and_dlogits(
         cfg, s_t, dp_t, lax.broadcast_in_dim(lse, (bk, bq), [1]),
-        lax.broadcast_in_dim(delta, (bk, bq), [1]),
-        _mask(cfg, bk, bq, offset, key_major=True))
+        lax.broadcast_in_dim(delta, (bk, bq), [1]), offset, key_major=True)
     p_tile[...] = p_t.astype(dtype)
     ds_tile[...] = ds_t.astype(dtype)
     plgpu.commit_smem()

@@ -182,7 +182,7 @@ MGPU = kernels.AttentionBlockSizes(bwd="mosaic_gpu")
 MGPU_CASES = [
     # (B, T, H, K, D), dtype, options
     ((2, 256, 2, 2, 64), jnp.bfloat16, dict()),
-    ((1, 256, 8, 2, 64), jnp.float16, dict(sliding_window=40)),
+    ((1, 256, 8, 2, 64), jnp.float16, dict(sliding_window=127)),
     ((1, 128, 4, 1, 128), jnp.bfloat16, dict(causal=False)),
 ]
 needs_gpu_interpreter = pytest.mark.skipif(
@@ -204,7 +204,7 @@ def test_mgpu_backward_interpreted_matches_fp32_reference(shape, dtype, opts):
 
 
 @needs_gpu_interpreter
-@pytest.mark.parametrize("opts", [dict(), dict(sliding_window=40)],
+@pytest.mark.parametrize("opts", [dict(), dict(sliding_window=127)],
                          ids=["causal", "window"])
 def test_mgpu_backward_two_warpgroups_interpreted(opts):
   """Two compute warpgroups share the streamed tiles; a tile one of them
