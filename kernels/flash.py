@@ -27,7 +27,8 @@ dK/dV kernel (per key block, streaming queries): 7 tile matmuls per block
 pair. FlashAttention-2's own schedule, 5 matmuls with dQ added by fp32 atomic
 adds from the dK/dV kernel, made fwd+bwd 2.0-2.6x slower on an H200 (jax's
 Triton lowering emits only ``acq_rel`` atomics; BENCHMARKS.md, run 4), and
-was removed.
+was removed. ``AttentionBlockSizes(bwd="mosaic_gpu")`` runs the same two
+kernels for Hopper instead (:mod:`flash_mgpu`), after the Triton forward.
 
 Layout is ``[batch, time, heads, head_dim]`` like
 ``jax.nn.dot_product_attention``; key/value may have fewer heads (GQA/MQA):
@@ -80,7 +81,9 @@ class AttentionBlockSizes:
   warp-specialised TMA pipeline; 16-bit inputs, self-attention, lengths
   that are multiples of its tiles, no segment ids or soft-cap, static
   windows; other cases raise). ``*_mgpu``: its query and key tiles
-  (multiples of 64) and pipeline depth. Not yet timed on a GPU.
+  (multiples of 64), pipeline depth and compute warpgroups per program (each
+  owns one tile; they share the streamed tiles). Tested in Pallas' GPU
+  interpreter and lowered on CPU; not yet compiled or timed on a GPU.
   """
   block_q: int = 128
   block_k: int = 128
