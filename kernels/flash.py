@@ -489,13 +489,18 @@ def _flash_fwd(cfg, q, k, v, segment_ids, window):
   return out, (q, k, v, segment_ids, window, out, lse)
 
 
+def row_delta(out_BxTxHxD, d_out_BxTxHxD):
+  """``delta = rowsum(O * dO)``, fp32 ``[B, H, T]``: the backward kernels'
+  per-row term of ``dS = P * (dP - delta)``."""
+  return jnp.einsum("bthd,bthd->bht", out_BxTxHxD.astype(jnp.float32),
+                    d_out_BxTxHxD.astype(jnp.float32))
+
+
 def _flash_bwd(cfg, res, d_out):
-  """``delta = rowsum(O * dO)`` (fp32 ``[B, H, T]``), then the family's
-  dQ and dK/dV kernels."""
+  """:func:`row_delta`, then the family's dQ and dK/dV kernels."""
   q, k, v, segment_ids, window, out, lse = res
   d_out = d_out.astype(q.dtype)
-  delta = jnp.einsum("bthd,bthd->bht", out.astype(jnp.float32),
-                     d_out.astype(jnp.float32))
+  delta = row_delta(out, d_out)
   grads = _family(cfg)[1](cfg, q, k, v, d_out, lse, delta, segment_ids,
                           window)
   return (*grads, None, None)

@@ -19,7 +19,7 @@ softmax algebra on them (one's softmax can overlap another's matmuls):
       dV += P^T dO_i,  dK += dS^T Q_i                (dK = scale * sum)
 
 ``lse`` is the forward's base-2 log-sum-exp and ``delta = rowsum(O * dO)``
-(:func:`flash._flash_bwd`); the logits are taken in base 2 as in the Triton
+(:func:`flash.row_delta`); the logits are taken in base 2 as in the Triton
 kernels. Tiles are kept key-major in the dK/dV kernel (``S^T``), so ``P^T``
 and ``dS^T`` feed their matmuls without a transpose. Both go through shared
 memory (``P^T``/``dS^T`` staging tiles): the left operand of every wgmma is

@@ -221,8 +221,7 @@ def test_mgpu_backward_two_warpgroups_interpreted(opts):
   out, lse = jax.jit(lambda q, k, v: flash._triton_forward(
       triton, q, k, v, None, w))(q, k, v)
   d_out = ct.astype(q.dtype)
-  delta = jnp.einsum("bthd,bthd->bht", out.astype(jnp.float32),
-                     d_out.astype(jnp.float32))
+  delta = flash.row_delta(out, d_out)
   cfg = flash_mgpu.make_config(q.shape, k.shape, causal=True, window=window,
                                bq=64, bk=64, stages=2, warpgroups=2,
                                interpret=True)
