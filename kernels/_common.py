@@ -4,7 +4,10 @@
 ``"triton"`` kernels (written for GPU) or ``"mosaic_tpu"`` kernels (TPU
 layout and pipelining: ``*_tpu.py``). The platform picks the family (GPU:
 Triton, TPU: Mosaic, CPU: Triton) unless ``backend=`` names one; a family
-runs interpreted off its own platform, so tests of both run on CPU. In-kernel
+runs interpreted off its own platform, so tests of both run on CPU. The
+platform is the one the program is being lowered for
+(:func:`target_platform`): an abstract mesh's device when one is set, so
+kernels compile for a GPU or TPU that is not attached (:mod:`aot`). In-kernel
 dots take their precision from ``jax_default_matmul_precision``
 (:func:`dot_precision`).
 """
@@ -40,14 +43,24 @@ def check_impl(op: str, impl: str, allowed: tuple[str, ...]) -> None:
     raise ValueError(f"{op}: unknown impl {impl!r}; expected one of {allowed}")
 
 
+def target_platform() -> str:
+  """The platform being lowered for: the device of the abstract mesh in
+  context (``jax.sharding.use_abstract_mesh`` or ``jax.set_mesh``) when it
+  names one, else JAX's default backend."""
+  device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+  platform = getattr(device, "platform", None)
+  return platform or jax.default_backend()
+
+
 def pallas_backend(op: str, backend: str | None = None) -> tuple[str, bool]:
-  """``(kernel family, interpret)`` for ``impl="pallas"`` on this platform.
+  """``(kernel family, interpret)`` for ``impl="pallas"`` on the target
+  platform (:func:`target_platform`).
 
   ``backend=None`` takes the platform's family (GPU: Triton, TPU: Mosaic,
   CPU: Triton). A family compiles on its own platform and runs interpreted
   anywhere else (so Mosaic TPU kernels can be debugged on CPU or GPU).
   """
-  platform = jax.default_backend()
+  platform = target_platform()
   if backend is not None and backend not in BACKENDS:
     raise ValueError(f"{op}: unknown Pallas backend {backend!r}; expected one "
                      f"of {BACKENDS} or None (the platform's)")

@@ -551,8 +551,8 @@ def _validate(q, k, v, segment_ids):
 
 def _cudnn(q, k, v, *, causal, segment_ids, window, softcap):
   op = "flash_attention(impl='cudnn')"
-  if jax.default_backend() != "gpu":
-    raise ValueError(f"{op} needs a GPU; backend is {jax.default_backend()!r}")
+  if (platform := _common.target_platform()) not in ("gpu", "cuda"):
+    raise ValueError(f"{op} needs a GPU; the platform is {platform!r}")
   if q.dtype not in (jnp.float16, jnp.bfloat16):
     raise ValueError(f"{op} needs float16 or bfloat16 inputs, got {q.dtype}")
   if softcap is not None:

@@ -252,6 +252,23 @@ def test_pallas_backend_follows_the_platform(monkeypatch, platform, backend,
   assert _common.pallas_backend("op", backend) == expected
 
 
+@pytest.mark.parametrize("kind, platform, expected", [
+    ("NVIDIA H200", "gpu", ("triton", False)),
+    ("TPU v5p", "tpu", ("mosaic_tpu", False)),
+])
+def test_pallas_backend_follows_the_abstract_mesh(kind, platform, expected):
+  """Lowering under an abstract mesh of another platform's devices picks
+  that platform's kernels, compiled (how :mod:`aot` compiles for a GPU that
+  is not attached); with no mesh, JAX's default backend decides."""
+  device = jax.sharding.AbstractDevice(device_kind=kind, num_cores=1,
+                                       platform=platform)
+  mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
+  with jax.sharding.use_abstract_mesh(mesh):
+    assert _common.target_platform() == platform
+    assert _common.pallas_backend("op") == expected
+  assert _common.target_platform() == jax.default_backend()
+
+
 def test_pallas_backend_errors_are_clear(monkeypatch):
   q = jnp.zeros((1, 16, 2, 16))
   with pytest.raises(ValueError, match="unknown Pallas backend 'mosaic'"):
