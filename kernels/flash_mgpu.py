@@ -256,7 +256,8 @@ def _dq_call(cfg: Config, q, k, v, do, lse, delta):
       _smem((W, bq, cfg.bk), q.dtype),
       (plgpu.Barrier(num_barriers=W),) * 4]
   return plgpu.kernel(
-      functools.partial(_dq_kernel, cfg), out_type=q, scratch_types=scratch,
+      _named("flash_attention_dq_mgpu", _dq_kernel, cfg), out_type=q,
+      scratch_types=scratch,
       grid=(T // (W * bq), H, B), grid_names=("q", "h", "b"),
       num_threads=W + 1, thread_name="wg",
       compiler_params=plgpu.CompilerParams(approx_math=True),
@@ -348,12 +349,20 @@ def _dkdv_call(cfg: Config, q, k, v, do, lse, delta):
       _smem((W, bk, cfg.bq), k.dtype), _smem((W, bk, cfg.bq), k.dtype),
       (plgpu.Barrier(num_barriers=W),) * 2]
   return plgpu.kernel(
-      functools.partial(_dkdv_kernel, cfg), out_type=(k, v),
+      _named("flash_attention_dkdv_mgpu", _dkdv_kernel, cfg), out_type=(k, v),
       scratch_types=scratch, grid=(S // (W * bk), K, B),
       grid_names=("k", "kh", "b"), num_threads=W + 1, thread_name="wg",
       compiler_params=plgpu.CompilerParams(approx_math=True),
       interpret=_interpret(cfg),
   )(q, k, v, do, lse, delta)
+
+
+def _named(name: str, kernel, cfg: Config):
+  """``kernel(cfg, ...)`` called ``name``: Pallas names a Mosaic GPU kernel
+  after its body, and ptxas, profilers and :mod:`aot` report that name."""
+  body = functools.partial(kernel, cfg)
+  body.__name__ = name
+  return body
 
 
 def _interpret(cfg: Config):
