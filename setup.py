@@ -49,5 +49,8 @@ setuptools.setup(
             "ipykernel",
         ],
         "gem": ["gem-llm==0.1.0"],
+        # JAX's CUDA 13 plugin and libraries (~4.4 GB): runs on NVIDIA GPUs,
+        # and compiles for one without it (agentic_rl.kernels.aot).
+        "cuda": ["jax[cuda13]"],
     },
 )

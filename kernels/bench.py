@@ -163,7 +163,7 @@ def _fwd_and_bwd_cases(op, shape, dtype, args, backend, fwd, loss, argnums,
   return [case("fwd", fwd, flops), case("fwd+bwd", grad, bwd_flops)]
 
 
-def _attention_cases(backend, B, T, H, K, D, dtype, window=None):
+def _attention_cases(backend, B, T, H, K, D, window, dtype):
   keys = jax.random.split(jax.random.key(0), 3)
   q = jax.random.normal(keys[0], (B, T, H, D), dtype)
   k = jax.random.normal(keys[1], (B, T, K, D), dtype)
@@ -230,34 +230,33 @@ def _decode_cases(backend, B, S, H, K, D, dtype):
                blocks=_BLOCKS[backend]["decode_attention"], backend=backend)]
 
 
+# The full run's shapes (sized for ~5 min on one H200), and --quick's.
+OPS = ("flash_attention", "token_logprobs", "decode_attention")
+ATTENTION_SHAPES = ((4, 4096, 16, 16, 128, None), (4, 4096, 32, 8, 128, None),
+                    (4, 4096, 16, 16, 128, 1024))  # (B, T, H, K, D, window)
+LOGPROB_SHAPES = ((8192, 2048, 131072), (4096, 2048, 32768))  # (N, D, V)
+DECODE_SHAPES = ((64, 8192, 32, 8, 128), (8, 32768, 32, 8, 128))
+_QUICK_SHAPES = {"flash_attention": ((1, 128, 2, 1, 32, None),),
+                 "token_logprobs": ((256, 32, 16384),),
+                 "decode_attention": ((2, 200, 4, 2, 32),)}
+
+
 def cases(quick: bool, ops: set[str], backend: str | None = None
           ) -> list[Case]:
-  """The benchmark configuration (full: sized for ~5 min on one H200).
-
-  ``backend``: the Pallas kernel family (None: the platform's)."""
+  """The benchmark configuration (:data:`ATTENTION_SHAPES` etc.; fp32 tiny
+  shapes with ``quick``). ``backend``: the Pallas kernel family (None: the
+  platform's)."""
   backend = kernels.pallas_backend("bench", backend)[0]
+  dtype = jnp.float32 if quick else jnp.bfloat16
+  full = {"flash_attention": ATTENTION_SHAPES,
+          "token_logprobs": LOGPROB_SHAPES, "decode_attention": DECODE_SHAPES}
+  make = {"flash_attention": _attention_cases,
+          "token_logprobs": _logprob_cases, "decode_attention": _decode_cases}
   out = []
-  if "flash_attention" in ops:
-    shapes = ([(1, 128, 2, 1, 32)] if quick else
-              [(4, 4096, 16, 16, 128), (4, 4096, 32, 8, 128)])
-    dtype = jnp.float32 if quick else jnp.bfloat16
-    for shape in shapes:
-      out += _attention_cases(backend, *shape, dtype)
-    if not quick:
-      out += _attention_cases(backend, 4, 4096, 16, 16, 128, dtype,
-                              window=1024)
-  if "token_logprobs" in ops:
-    shapes = ([(256, 32, 16384)] if quick else
-              [(8192, 2048, 131072), (4096, 2048, 32768)])
-    dtype = jnp.float32 if quick else jnp.bfloat16
-    for shape in shapes:
-      out += _logprob_cases(backend, *shape, dtype)
-  if "decode_attention" in ops:
-    shapes = ([(2, 200, 4, 2, 32)] if quick else
-              [(64, 8192, 32, 8, 128), (8, 32768, 32, 8, 128)])
-    dtype = jnp.float32 if quick else jnp.bfloat16
-    for shape in shapes:
-      out += _decode_cases(backend, *shape, dtype)
+  for op in OPS:
+    if op in ops:
+      for shape in (_QUICK_SHAPES if quick else full)[op]:
+        out += make[op](backend, *shape, dtype)
   return out
 
 
@@ -270,7 +269,7 @@ def _memory(compiled) -> dict:
   return {f: int(getattr(stats, f)) for f in fields if hasattr(stats, f)}
 
 
-def _error(e: Exception) -> str:
+def error_text(e: Exception) -> str:
   return f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
 
 
@@ -314,7 +313,7 @@ def run_case(case: Case, repeats: int, warmup: int) -> list[dict]:
         if peak_bw:
           row["pct_peak"] = 100 * case.bytes / seconds / peak_bw
     except Exception as e:  # pylint: disable=broad-except
-      row["error"] = _error(e)
+      row["error"] = error_text(e)
     rows.append(row)
   base = next((r for r in rows if r["impl"] == "xla" and "ms" in r), None)
   for r in rows:
@@ -350,7 +349,7 @@ def tune(case: Case, repeats: int, warmup: int, *, deadline: float,
         trial.update(measure(case.pallas_with(blocks), case.args, repeats,
                              warmup))
       except Exception as e:  # pylint: disable=broad-except
-        trial["error"] = _error(e)
+        trial["error"] = error_text(e)
       trials.append(trial)
       scores[key] = trial.get("ms", float("inf"))
     return scores[key]
@@ -396,7 +395,7 @@ def ab(case: Case, field: str, values: tuple, repeats: int, warmup: int,
       compiled[value] = jax.jit(case.pallas_with(blocks)).lower(
           *case.args).compile()
     except Exception as e:  # pylint: disable=broad-except
-      runs[value] = dict(error=_error(e))
+      runs[value] = dict(error=error_text(e))
   for _ in range(rounds):
     for value, fn in compiled.items():
       runs.setdefault(value, dict(ms=[]))["ms"].append(
@@ -409,7 +408,7 @@ def ab(case: Case, field: str, values: tuple, repeats: int, warmup: int,
               runs=[dict(value=v, **r) for v, r in runs.items()])
 
 
-def _parse_ab(text: str) -> tuple[str, tuple]:
+def parse_ab(text: str) -> tuple[str, tuple]:
   """``"field=v1,v2"`` -> ``("field", (v1, v2))`` (values as JSON)."""
   field, sep, values = text.partition("=")
   if not sep or not field or not values:
@@ -448,8 +447,8 @@ def main(argv=None) -> dict:
   parser.add_argument("--out", required=True, help="JSON file to write")
   parser.add_argument("--quick", action="store_true",
                       help="tiny shapes (CPU: Pallas interpreted)")
-  parser.add_argument("--ops", default="flash_attention,token_logprobs,"
-                      "decode_attention", help="comma-separated ops")
+  parser.add_argument("--ops", default=",".join(OPS),
+                      help="comma-separated ops")
   parser.add_argument("--repeats", type=int, default=None)
   parser.add_argument("--tune", action="store_true",
                       help="search the Pallas tile sizes instead")
@@ -467,7 +466,7 @@ def main(argv=None) -> dict:
                       "platform's; CPU runs either interpreted)")
   args = parser.parse_args(argv)
   ops = set(args.ops.split(","))
-  unknown = ops - {"flash_attention", "token_logprobs", "decode_attention"}
+  unknown = ops - set(OPS)
   if unknown:
     parser.error(f"unknown ops {sorted(unknown)}")
   repeats = args.repeats or (3 if args.quick else 10 if args.tune else 20)
@@ -488,7 +487,7 @@ def main(argv=None) -> dict:
       json.dump(report, f, indent=1, default=float)
 
   if args.ab:
-    field, values = _parse_ab(args.ab)
+    field, values = parse_ab(args.ab)
     report["ab"] = []
     for case in cases(args.quick, ops, backend):
       if case.pallas_with is None:

@@ -126,7 +126,7 @@ def test_ab_times_each_value_in_every_round(tmp_path):
 
 def test_ab_rejects_a_malformed_or_unknown_field():
   with pytest.raises(ValueError, match="FIELD=V1"):
-    bench._parse_ab("block_k")
+    bench.parse_ab("block_k")
   with pytest.raises(ValueError, match="has no field 'num_stages_fwd'"):
     bench.ab(_quick_decode_case(), "num_stages_fwd", (2, 3), 1, 0, 1)
 
