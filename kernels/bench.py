@@ -22,8 +22,9 @@ TPU), or ``--backend``'s on CPU.
 ``--ab FIELD=V1,V2`` checks one tile change against noise: the Pallas kernel
 at the default tiles (with ``--ab_base``'s fields changed, a JSON object)
 with ``FIELD`` set to each value, timed in interleaved rounds (:func:`ab`).
-On a GPU the attention fwd+bwd rows also time ``pallas_mgpu_bwd``: the
-Triton forward with the Mosaic GPU backward (``bwd="mosaic_gpu"``).
+On a GPU the attention rows also time the Mosaic GPU (Hopper) kernels:
+``pallas_mgpu`` (``fwd`` and ``bwd="mosaic_gpu"``) and, in fwd+bwd,
+``pallas_mgpu_bwd`` (the Triton forward with the Mosaic GPU backward).
 
 ``--tune`` times the Pallas implementation alone over its tile sizes instead:
 one pass of coordinate search per case over :data:`TUNE_GRIDS` (Triton) or
@@ -183,9 +184,14 @@ def _attention_cases(backend, B, T, H, K, D, window, dtype):
       lambda out: jnp.sum(out.astype(jnp.float32)), (0, 1, 2),
       flops=fwd_flops, bwd_flops=3.5 * fwd_flops)
   if backend == "triton" and jax.default_backend() == "gpu":
-    # The Hopper backward beside the Triton one (the same Triton forward).
+    # The Hopper kernels beside the Triton ones: the Mosaic GPU forward, and
+    # fwd+bwd with the Mosaic GPU backward after the Triton forward
+    # (pallas_mgpu_bwd) or after its own (pallas_mgpu).
+    mgpu = kernels.AttentionBlockSizes(fwd="mosaic_gpu", bwd="mosaic_gpu")
+    fwd.fns["pallas_mgpu"] = fwd.pallas_with(mgpu)
     fwd_bwd.fns["pallas_mgpu_bwd"] = fwd_bwd.pallas_with(
         kernels.AttentionBlockSizes(bwd="mosaic_gpu"))
+    fwd_bwd.fns["pallas_mgpu"] = fwd_bwd.pallas_with(mgpu)
   return [fwd, fwd_bwd]
 
 

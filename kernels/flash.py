@@ -27,8 +27,9 @@ dK/dV kernel (per key block, streaming queries): 7 tile matmuls per block
 pair. FlashAttention-2's own schedule, 5 matmuls with dQ added by fp32 atomic
 adds from the dK/dV kernel, made fwd+bwd 2.0-2.6x slower on an H200 (jax's
 Triton lowering emits only ``acq_rel`` atomics; BENCHMARKS.md, run 4), and
-was removed. ``AttentionBlockSizes(bwd="mosaic_gpu")`` runs the same two
-kernels for Hopper instead (:mod:`flash_mgpu`), after the Triton forward.
+was removed. ``AttentionBlockSizes(fwd="mosaic_gpu", bwd="mosaic_gpu")``
+runs the forward and the same two backward kernels for Hopper instead
+(:mod:`flash_mgpu`), each side independently of the other.
 
 Layout is ``[batch, time, heads, head_dim]`` like
 ``jax.nn.dot_product_attention``; key/value may have fewer heads (GQA/MQA):
@@ -76,14 +77,17 @@ class AttentionBlockSizes:
   H200 at T = 4096, head_dim 128, bf16, checked against noise with ``--ab``
   (``num_stages_fwd`` 3: GQA forward 1.89 -> 1.68 ms; see BENCHMARKS.md).
 
-  ``bwd``: the backward's kernels, ``"triton"`` (every case) or
-  ``"mosaic_gpu"`` (:mod:`flash_mgpu`: Hopper warpgroup matmuls and a
-  warp-specialised TMA pipeline; 16-bit inputs, self-attention, lengths
-  that are multiples of its tiles, no segment ids or soft-cap, static
-  windows; other cases raise). ``*_mgpu``: its query and key tiles
-  (multiples of 64), pipeline depth and compute warpgroups per program (each
-  owns one tile; they share the streamed tiles). Tested in Pallas' GPU
-  interpreter and lowered on CPU; not yet compiled or timed on a GPU.
+  ``fwd`` and ``bwd``: the forward's and the backward's kernels,
+  ``"triton"`` (every case) or ``"mosaic_gpu"`` (:mod:`flash_mgpu`: Hopper
+  warpgroup matmuls and a warp-specialised TMA pipeline; 16-bit inputs,
+  self-attention, lengths that are multiples of its tiles, head_dim a
+  multiple of 64 up to 256, no segment ids or soft-cap, static windows;
+  other cases raise). Either side runs with either other side (they share
+  the residuals). ``*_mgpu`` (backward) and ``*_fwd_mgpu`` (forward): their
+  query and key tiles (multiples of 64), pipeline depth and compute
+  warpgroups per program (each owns one query or key tile; they share the
+  streamed tiles). Tested in Pallas' GPU interpreter and compiled for an
+  H200 on CPU (:mod:`aot`); not yet run or timed on a GPU.
   """
   block_q: int = 128
   block_k: int = 128
@@ -100,6 +104,11 @@ class AttentionBlockSizes:
   block_k_mgpu: int = 64
   stages_mgpu: int = 2
   warpgroups_mgpu: int = 2
+  fwd: str = "triton"
+  block_q_fwd_mgpu: int = 64
+  block_k_fwd_mgpu: int = 128
+  stages_fwd_mgpu: int = 2
+  warpgroups_fwd_mgpu: int = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +136,7 @@ class _Config:
   num_stages_fwd: int
   num_stages_bwd: int
   interpret: bool
+  mosaic_fwd: flash_mgpu.Config | None = None  # fwd="mosaic_gpu"
   mosaic_bwd: flash_mgpu.Config | None = None  # bwd="mosaic_gpu"
 
 
@@ -427,8 +437,8 @@ def _dq_call(cfg: _Config, q, k, v, do, lse, delta, q_seg, k_seg, window,
 
 
 # --------------------------------------------------------------------------
-# Triton forward and backward on [B, T, H, D] operands: padded on the way in,
-# sliced on the way out.
+# GPU forward and backward on [B, T, H, D] operands: the Triton kernels
+# (padded on the way in, sliced on the way out) or the Mosaic GPU ones.
 
 
 def _pad_qkv(cfg: _Config, q, k, v):
@@ -446,7 +456,10 @@ def _pad_segments(cfg: _Config, segment_ids):
           _common.pad_axis(segment_ids, 1, cfg.Sp))
 
 
-def _triton_forward(cfg: _Config, q, k, v, segment_ids, window):
+def _gpu_forward(cfg: _Config, q, k, v, segment_ids, window):
+  if cfg.mosaic_fwd is not None:  # lse padded as the Triton backward reads it
+    out, lse = flash_mgpu.forward(cfg.mosaic_fwd, q, k, v)
+    return out, _common.pad_axis(lse, 2, cfg.Tp)
   T, D = q.shape[1], q.shape[3]
   qp, kp, vp = _pad_qkv(cfg, q, k, v)
   q_seg, k_seg = _pad_segments(cfg, segment_ids)
@@ -454,8 +467,8 @@ def _triton_forward(cfg: _Config, q, k, v, segment_ids, window):
   return out[:, :T, :, :D], lse
 
 
-def _triton_backward(cfg: _Config, q, k, v, d_out, lse, delta_BxHxT,
-                     segment_ids, window):
+def _gpu_backward(cfg: _Config, q, k, v, d_out, lse, delta_BxHxT,
+                  segment_ids, window):
   if cfg.mosaic_bwd is not None:
     return flash_mgpu.backward(cfg.mosaic_bwd, q, k, v, d_out, lse,
                                delta_BxHxT)
@@ -476,7 +489,7 @@ def _family(cfg):
   """``(forward, backward)`` of the kernel family ``cfg`` configures."""
   if isinstance(cfg, flash_tpu.Config):
     return flash_tpu.forward, flash_tpu.backward
-  return _triton_forward, _triton_backward
+  return _gpu_forward, _gpu_backward
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -633,41 +646,53 @@ def flash_attention(
   blocks = _common.block_sizes_for("flash_attention", family, block_sizes,
                                    AttentionBlockSizes)
   cfg = _make_config(q.shape, k.shape, blocks=blocks, **config)
-  if blocks.bwd != "triton":
-    cfg = dataclasses.replace(cfg, mosaic_bwd=_mosaic_bwd_config(
-        q, k, blocks, causal=bool(causal), segment_ids=segment_ids,
-        sliding_window=sliding_window, softcap=softcap, interpret=interpret))
+  mosaic = functools.partial(
+      _mosaic_config, q, k, blocks, causal=bool(causal),
+      segment_ids=segment_ids, sliding_window=sliding_window, softcap=softcap,
+      interpret=interpret)
+  cfg = dataclasses.replace(cfg, mosaic_fwd=mosaic("fwd"),
+                            mosaic_bwd=mosaic("bwd"))
   return _flash(cfg, q, k, v, segment_ids, window)
 
 
-def _mosaic_bwd_config(q, k, blocks: AttentionBlockSizes, *, causal,
-                       segment_ids, sliding_window, softcap, interpret):
-  """The :mod:`flash_mgpu` config for ``bwd="mosaic_gpu"``, or a clear
-  error for a case it does not cover."""
-  op = "flash_attention(block_sizes=AttentionBlockSizes(bwd='mosaic_gpu'))"
-  if blocks.bwd != "mosaic_gpu":
-    raise ValueError(f"flash_attention: AttentionBlockSizes.bwd must be "
-                     f"'triton' or 'mosaic_gpu', got {blocks.bwd!r}")
+# AttentionBlockSizes' Mosaic GPU fields, per side.
+_MGPU_FIELDS = {
+    "fwd": ("block_q_fwd_mgpu", "block_k_fwd_mgpu", "stages_fwd_mgpu",
+            "warpgroups_fwd_mgpu"),
+    "bwd": ("block_q_mgpu", "block_k_mgpu", "stages_mgpu", "warpgroups_mgpu"),
+}
+
+
+def _mosaic_config(q, k, blocks: AttentionBlockSizes, side: str, *, causal,
+                   segment_ids, sliding_window, softcap, interpret):
+  """The :mod:`flash_mgpu` config of ``side`` ("fwd" or "bwd") when
+  ``blocks`` selects ``"mosaic_gpu"`` for it (None for ``"triton"``), or a
+  clear error for a case it does not cover."""
+  kind = getattr(blocks, side)
+  if kind == "triton":
+    return None
+  op = (f"flash_attention(block_sizes=AttentionBlockSizes("
+        f"{side}='mosaic_gpu'))")
+  if kind != "mosaic_gpu":
+    raise ValueError(f"flash_attention: AttentionBlockSizes.{side} must be "
+                     f"'triton' or 'mosaic_gpu', got {kind!r}")
   if sliding_window is not None:
     if not isinstance(sliding_window, numbers.Integral):
       raise ValueError(f"{op} needs a static int sliding_window, got "
                        f"{type(sliding_window).__name__}")
     sliding_window = int(sliding_window)
-  for name in ("stages_mgpu", "warpgroups_mgpu"):
-    if getattr(blocks, name) < 1:
-      raise ValueError(f"{op}: {name} must be >= 1, got "
-                       f"{getattr(blocks, name)}")
+  bq, bk, stages, warpgroups = (getattr(blocks, f) for f in _MGPU_FIELDS[side])
+  for name, value in zip(_MGPU_FIELDS[side][2:], (stages, warpgroups)):
+    if value < 1:
+      raise ValueError(f"{op}: {name} must be >= 1, got {value}")
   reason = flash_mgpu.unsupported(
       q.shape, k.shape, q.dtype, has_segments=segment_ids is not None,
-      softcap=softcap, bq=blocks.block_q_mgpu, bk=blocks.block_k_mgpu,
-      warpgroups=blocks.warpgroups_mgpu)
+      softcap=softcap, bq=bq, bk=bk, warpgroups=warpgroups)
   if reason:
-    raise ValueError(f"{op} {reason}; bwd='triton' covers every case")
+    raise ValueError(f"{op} {reason}; {side}='triton' covers every case")
   if interpret and not flash_mgpu.CAN_INTERPRET:
     raise ValueError(f"{op} runs off a GPU only in Pallas' GPU interpreter, "
                      f"which needs jax >= 0.11 (this is {jax.__version__})")
   return flash_mgpu.make_config(
-      q.shape, k.shape, causal=causal, window=sliding_window,
-      bq=blocks.block_q_mgpu, bk=blocks.block_k_mgpu,
-      stages=blocks.stages_mgpu, warpgroups=blocks.warpgroups_mgpu,
-      interpret=interpret)
+      q.shape, k.shape, causal=causal, window=sliding_window, bq=bq, bk=bk,
+      stages=stages, warpgroups=warpgroups, interpret=interpret)

@@ -1,15 +1,18 @@
-"""Flash attention backward as Mosaic GPU (Hopper) kernels.
+"""Flash attention as Mosaic GPU (Hopper) kernels: forward and backward.
 
-The Triton backward (:mod:`flash`) runs its tile matmuls at about the rate
+The Triton kernels (:mod:`flash`) run their tile matmuls at about the rate
 Triton's own FlashAttention-2 kernels reach on an H200, well below cuDNN
-(BENCHMARKS.md). These kernels are the same two-kernel schedule, dQ and
-dK/dV with 7 tile matmuls per block pair, written for Hopper with Pallas'
-Mosaic GPU backend: warpgroup matmuls (``wgmma``) reading swizzled shared
-memory, and a warp-specialised pipeline in which a memory warpgroup streams
-tiles by TMA into a ring of ``stages`` slots while ``warpgroups`` compute
-warpgroups, each owning one tile of the program's, run the matmuls and the
-softmax algebra on them (one's softmax can overlap another's matmuls):
+(BENCHMARKS.md). These kernels are written for Hopper with Pallas' Mosaic
+GPU backend: warpgroup matmuls (``wgmma``) reading swizzled shared memory,
+and a warp-specialised pipeline in which a memory warpgroup streams tiles by
+TMA into a ring of ``stages`` slots while ``warpgroups`` compute warpgroups,
+each owning one tile of the program's, run the matmuls and the softmax
+algebra on them (one's softmax can overlap another's matmuls):
 
+    forward, per query tile i, over key tiles j (online softmax, base 2):
+      S = Q K_j^T * scale * log2 e (masked),  m' = max(m, rowmax S)
+      P = exp2(S - m'),  l = l exp2(m - m') + rowsum P
+      acc = acc exp2(m - m') + P V_j;   out = acc / l,  lse = m + log2 l
     dQ kernel, per query tile i, over key tiles j:
       S = Q K_j^T,  dP = dO V_j^T,  P = exp2(S - lse),  dS = P (dP - delta)
       dQ += dS K_j                                   (dQ = scale * sum)
@@ -18,25 +21,29 @@ softmax algebra on them (one's softmax can overlap another's matmuls):
       S^T = K Q_i^T,  dP^T = V dO_i^T,  P^T, dS^T as above
       dV += P^T dO_i,  dK += dS^T Q_i                (dK = scale * sum)
 
-``lse`` is the forward's base-2 log-sum-exp and ``delta = rowsum(O * dO)``
-(:func:`flash.row_delta`); the logits are taken in base 2 as in the Triton
-kernels. Tiles are kept key-major in the dK/dV kernel (``S^T``), so ``P^T``
-and ``dS^T`` feed their matmuls without a transpose. Both go through shared
-memory (``P^T``/``dS^T`` staging tiles): the left operand of every wgmma is
-a shared-memory tile, which also lets the kernels run in Pallas' GPU
-interpreter on CPU (it models wgmma on shared-memory operands only).
+``lse`` is the base-2 log-sum-exp of the scaled logits (the Triton kernels'
+convention, so either family's forward feeds either backward) and ``delta
+= rowsum(O * dO)`` (:func:`flash.row_delta`). The backward keeps its dK/dV
+tiles key-major (``S^T``), so ``P^T`` and ``dS^T`` feed their matmuls
+without a transpose. ``P`` (forward) and ``P^T``/``dS^T`` (backward) go
+through shared-memory staging tiles: the left operand of every wgmma is a
+shared-memory tile, which also lets the kernels run in Pallas' GPU
+interpreter on CPU (it models wgmma on shared-memory operands only). The
+forward adds each step's ``P V`` to the rescaled accumulator in registers
+(the interpreter has no preinitialised accumulators either).
 
 Scope (:func:`unsupported` says why a case is out of it, and
 :func:`flash.flash_attention` raises that): float16 or bfloat16,
 self-attention (``T == S``) with the length a multiple of ``warpgroups``
-tiles, head_dim a multiple of 64, causal masking and static sliding windows;
-no segment ids and no soft-cap (the Triton backward covers those). Masks
-follow :mod:`attention_rules`, and the streamed block range is its
-``key_blocks`` / ``query_blocks`` over the program's tiles, so tiles no
+tiles, head_dim a multiple of 64 up to 256, causal masking and static
+sliding windows; no segment ids and no soft-cap (the Triton kernels cover
+those). Masks follow :mod:`attention_rules`, and the streamed block range is
+its ``key_blocks`` / ``query_blocks`` over the program's tiles, so tiles no
 warpgroup sees are never loaded; tiles that see every pair skip the mask.
 
-Status: tested in the GPU interpreter (jax >= 0.11) and lowered for CUDA on
-CPU (every jax this project supports); not yet compiled or timed on a GPU.
+Status: tested in the GPU interpreter (jax >= 0.11), lowered for CUDA on
+CPU (every jax this project supports) and compiled for an H200 by ptxas on
+CPU (:mod:`aot`); not yet run or timed on a GPU.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ import dataclasses
 import functools
 import inspect
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -63,6 +71,8 @@ _LOAD_ARGS = (() if _LOAD_INDEX is None
 # wgmma's M is 64 rows per warpgroup; a 128-byte swizzle holds 64 16-bit
 # elements, so tiles and head_dim are multiples of 64.
 TILE = 64
+# wgmma's N (head_dim in P V, dS K and the dK/dV products) is at most 256.
+MAX_HEAD_DIM = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,8 +112,9 @@ def unsupported(q_shape, k_shape, dtype, *, has_segments, softcap,
     return "does not support softcap"
   if T != S:
     return f"needs equal query and key lengths, got {T} and {S}"
-  if D % TILE:
-    return f"needs head_dim a multiple of {TILE}, got {D}"
+  if D % TILE or D > MAX_HEAD_DIM:
+    return (f"needs head_dim a multiple of {TILE} up to {MAX_HEAD_DIM}, "
+            f"got {D}")
   for name, b in (("query", bq), ("key", bk)):
     if b % TILE or T % (b * warpgroups):
       return (f"needs the length {T} to be a multiple of {warpgroups} "
@@ -141,15 +152,15 @@ def _matmuls(shape, *operands):
   return pl.run_scoped(run, *[plgpu.ACC(shape, jnp.float32)] * len(operands))
 
 
-def _masked(cfg: Config, p, offset, key_major):
-  """``p`` with the pairs a tile cannot see set to 0 (the rules of
+def _where_visible(cfg: Config, x, offset, key_major, fill):
+  """``x`` with the pairs a tile cannot see set to ``fill`` (the rules of
   :func:`attention_rules.visible`: causal ``s <= t``, window ``t - s <
   window``). The tile is ``[rows, cols]``, query-major (``[bq, bk]``) or
   ``key_major`` (``[bk, bq]``), and its corner has ``t - s = offset``. Tiles
   that see every pair skip the mask arithmetic (a ``lax.cond``)."""
   if not cfg.causal and cfg.window is None:
-    return p
-  rows, cols = p.shape
+    return x
+  rows, cols = x.shape
   q_span, k_span = (cols, rows) if key_major else (rows, cols)
   lowest, highest = offset - (k_span - 1), offset + (q_span - 1)  # of t - s
   full = jnp.bool_(True)
@@ -158,7 +169,7 @@ def _masked(cfg: Config, p, offset, key_major):
   if cfg.window is not None:
     full = full & (highest < cfg.window)
 
-  def mask(p):
+  def mask(x):
     def iota(dim):
       return plgpu.broadcasted_iota(jnp.int32, (rows, cols), dim,
                                     layout=plgpu.Layout.WGMMA)
@@ -168,21 +179,106 @@ def _masked(cfg: Config, p, offset, key_major):
     if cfg.window is not None:
       inside = t_minus_s < cfg.window
       visible = inside if visible is None else visible & inside
-    return jnp.where(visible, p, 0.0)
-  return lax.cond(full, lambda p: p, mask, p)
+    return jnp.where(visible, x, fill)
+  return lax.cond(full, lambda x: x, mask, x)
 
 
 def _probs_and_dlogits(cfg, s, dp, lse, delta, offset, key_major):
-  """``P = exp2(S * scale * log2 e - lse)`` (masked to 0, :func:`_masked`)
+  """``P = exp2(S * scale * log2 e - lse)`` (masked to 0, :func:`_where_visible`)
   and ``dS = P * (dP - delta)``; ``lse``/``delta`` broadcast by the caller."""
-  p = _masked(cfg, jnp.exp2(s * (cfg.scale * _common.LOG2E) - lse), offset,
-              key_major)
+  p = _where_visible(cfg, jnp.exp2(s * (cfg.scale * _common.LOG2E) - lse),
+                     offset, key_major, 0.0)
   return p, p * (dp - delta)
 
 
 def _block_range(blocks, cfg, start, size, tile):
   lo, hi = blocks(cfg, start, size, tile, cfg.window)
   return jnp.asarray(lo, jnp.int32), jnp.asarray(hi, jnp.int32)
+
+
+# --------------------------------------------------------------------------
+# Forward: one program per (W query tiles, query head, batch row). Compute
+# warpgroup w owns query tile w and its online softmax; the memory warpgroup
+# streams the key/value tiles any of them sees.
+
+
+def _fwd_kernel(cfg: Config, q_ref, k_ref, v_ref, out_ref, lse_ref, q_smem,
+                p_smem, lse_smem, bar):
+  bq, bk, D, W, dtype = cfg.bq, cfg.bk, cfg.D, cfg.warpgroups, q_ref.dtype
+  i, h, b = (lax.axis_index(n) for n in ("q", "h", "b"))
+  kh = lax.div(h, jnp.int32(cfg.groups))
+  lo, hi = _block_range(rules.key_blocks, cfg, i * W * bq, W * bq, bk)
+  row_vec = plgpu.Layout.WGMMA.reduce(1)
+
+  def compute(pipeline):
+    w = lax.axis_index("wg")
+    rows = pl.ds((i * W + w) * bq, bq)
+    q_tile, lse_tile = q_smem.at[w], lse_smem.at[w]
+    plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_tile, bar.at[w])
+    plgpu.barrier_wait(bar.at[w])
+    m = plgpu.layout_cast(jnp.full((bq,), _common.MASKED, jnp.float32),
+                          row_vec)
+    l = plgpu.layout_cast(jnp.zeros((bq,), jnp.float32), row_vec)
+    acc = plgpu.layout_cast(jnp.zeros((bq, D), jnp.float32),
+                            plgpu.Layout.WGMMA)
+    m, l, acc = pipeline((m, l, acc))
+    # Every row sees its own key (self-attention), so l >= 1.
+    q_tile[...] = (acc / lax.broadcast_in_dim(l, (bq, D), [0])).astype(dtype)
+    lse_tile[...] = m + jnp.log(l) * _common.LOG2E  # log2
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(q_tile, out_ref.at[b, rows, h])
+    plgpu.copy_smem_to_gmem(lse_tile, lse_ref.at[b, h, rows])
+    plgpu.wait_smem_to_gmem(0)
+
+  def step(idx, k_smem, v_smem, carry):
+    m, l, acc = carry
+    w = lax.axis_index("wg")
+    p_tile = p_smem.at[w]
+    s, = _matmuls((bq, bk), (q_smem.at[w], k_smem.transpose((1, 0))))
+    offset = (i * W + w) * bq - (lo + idx[0]) * bk
+    s = _where_visible(cfg, s * (cfg.scale * _common.LOG2E), offset,
+                       key_major=False, fill=_common.MASKED)
+    m_new = jnp.maximum(m, s.max(axis=1))
+    p = jnp.exp2(s - lax.broadcast_in_dim(m_new, (bq, bk), [0]))
+    alpha = jnp.exp2(m - m_new)
+    # A row whose visible keys have not started yet holds m = MASKED and
+    # sums exp2(0) = 1 per masked key; its first visible key wipes that
+    # (alpha = exp2(MASKED - m_new) = 0), and every row has one.
+    l = l * alpha + p.sum(axis=1)
+    p_tile[...] = p.astype(dtype)
+    plgpu.commit_smem()
+    pv, = _matmuls((bq, D), (p_tile, v_smem))  # waits: the tiles are reused
+    return m_new, l, acc * lax.broadcast_in_dim(alpha, (bq, D), [0]) + pv
+
+  kv_spec = plgpu.BlockSpec((bk, D), lambda j: (lo + j, 0), transforms=_TILED)
+  pipeline = plgpu.emit_pipeline_warp_specialized(
+      step, grid=(hi - lo,), memory_registers=40,
+      in_specs=[kv_spec, kv_spec], max_concurrent_steps=cfg.stages,
+      wg_axis="wg", num_compute_wgs=W, compute_context=compute)
+  pipeline(k_ref.at[b, :, kh], v_ref.at[b, :, kh])
+
+
+def _fwd_call(cfg: Config, q, k, v):
+  B, T, H, D = q.shape
+  W, bq = cfg.warpgroups, cfg.bq
+  scratch = [
+      _smem((W, bq, D), q.dtype), _smem((W, bq, cfg.bk), q.dtype),
+      plgpu.SMEM((W, bq), jnp.float32), plgpu.Barrier(num_barriers=W)]
+  return plgpu.kernel(
+      _named("flash_attention_fwd_mgpu", _fwd_kernel, cfg),
+      out_type=(q, jax.ShapeDtypeStruct((B, H, T), jnp.float32)),
+      scratch_types=scratch,
+      grid=(T // (W * bq), H, B), grid_names=("q", "h", "b"),
+      num_threads=W + 1, thread_name="wg",
+      compiler_params=plgpu.CompilerParams(approx_math=True),
+      interpret=_interpret(cfg),
+  )(q, k, v)
+
+
+def forward(cfg: Config, q, k, v):
+  """``(out, lse_BxHxT)``: attention and its base-2 log-sum-exp (fp32, the
+  residual :func:`backward` and the Triton backward read)."""
+  return _fwd_call(cfg, q, k, v)
 
 
 # --------------------------------------------------------------------------

@@ -170,15 +170,19 @@ def test_bf16_gqa_window_matches_fp32_reference(backend, T):
   chex.assert_type([out, *grads], jnp.bfloat16)
 
 
-# The Mosaic GPU backward (``bwd="mosaic_gpu"``) in Pallas' GPU interpreter:
-# 64-tiles, so these lengths span 2-4 key and query tiles; the forward is the
-# Triton kernel. Test names avoid "mosaic": gpu_session.sh deselects those.
+# The Mosaic GPU kernels (``fwd``/``bwd="mosaic_gpu"``) in Pallas' GPU
+# interpreter: 64-row tiles (128-key forward tiles), so these lengths span
+# 1-4 tiles; the other side is the Triton kernel, or both are Mosaic. Test
+# names avoid "mosaic": gpu_session.sh deselects those.
 # One compute warpgroup here: the interpreter runs each warpgroup as a thread
 # that blocks in XLA:CPU while it waits on a barrier, and three of them
 # (two compute warpgroups and the memory one) starve a 2-core machine's
-# XLA threads when the Triton forward shares their executable. The test
-# after this one runs two warpgroups in a jit of their own.
+# XLA threads when another kernel shares their executable. The tests after
+# this one run two warpgroups in a jit of their own.
 MGPU = kernels.AttentionBlockSizes(bwd="mosaic_gpu")
+MGPU_SIDES = {
+    "bwd": dict(bwd="mosaic_gpu"), "fwd": dict(fwd="mosaic_gpu"),
+    "both": dict(fwd="mosaic_gpu", bwd="mosaic_gpu")}
 MGPU_CASES = [
     # (B, T, H, K, D), dtype, options
     ((2, 256, 2, 2, 64), jnp.bfloat16, dict()),
@@ -191,16 +195,47 @@ needs_gpu_interpreter = pytest.mark.skipif(
 
 
 @needs_gpu_interpreter
+@pytest.mark.parametrize("sides", list(MGPU_SIDES))
 @pytest.mark.parametrize("shape,dtype,opts", MGPU_CASES,
                          ids=["mha", "gqa4_window_f16", "mqa_noncausal_d128"])
-def test_mgpu_backward_interpreted_matches_fp32_reference(shape, dtype, opts):
+def test_mgpu_kernels_interpreted_match_fp32_reference(sides, shape, dtype,
+                                                       opts):
   B, T, H, K, D = shape
   q, k, v, ct = _inputs(11, B, T, T, H, K, D, dtype)
-  blocks = dataclasses.replace(MGPU, warpgroups_mgpu=1)
-  _, grads = _assert_bf16_matches_fp32_reference(
+  blocks = kernels.AttentionBlockSizes(
+      warpgroups_mgpu=1, warpgroups_fwd_mgpu=1, **MGPU_SIDES[sides])
+  out, grads = _assert_bf16_matches_fp32_reference(
       functools.partial(kernels.flash_attention, block_sizes=blocks, **opts),
       q, k, v, ct, opts)
-  chex.assert_type(grads, dtype)
+  chex.assert_type([out, *grads], dtype)
+
+
+@needs_gpu_interpreter
+@pytest.mark.parametrize("opts", [dict(), dict(sliding_window=100)],
+                         ids=["causal", "window"])
+def test_mgpu_forward_two_warpgroups_interpreted(opts):
+  """Two compute warpgroups share the streamed key tiles (a tile one of
+  them does not see is masked out in full); the output matches the fp32
+  reference and the residual ``lse`` the Triton forward's, so either
+  forward feeds either backward."""
+  B, T, H, K, D = 1, 256, 4, 2, 64
+  q, k, v, _ = _inputs(13, B, T, T, H, K, D, jnp.bfloat16)
+  window = opts.get("sliding_window")
+  cfg = flash_mgpu.make_config(q.shape, k.shape, causal=True, window=window,
+                               bq=64, bk=64, stages=2, warpgroups=2,
+                               interpret=True)
+  out, lse = jax.jit(functools.partial(flash_mgpu.forward, cfg))(q, k, v)
+  chex.assert_shape(lse, (B, H, T))
+  triton = flash._make_config(
+      q.shape, k.shape, causal=True, softcap=None, has_segments=False,
+      has_window=window is not None, blocks=kernels.AttentionBlockSizes(),
+      interpret=True)
+  w = None if window is None else jnp.int32(window)
+  _, triton_lse = jax.jit(lambda q, k, v: flash._gpu_forward(
+      triton, q, k, v, None, w))(q, k, v)
+  np.testing.assert_allclose(lse, triton_lse[:, :, :T], atol=1e-4)
+  f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+  _assert_close(out, reference.attention(*f32, **opts), 1e-2)
 
 
 @needs_gpu_interpreter
@@ -218,7 +253,7 @@ def test_mgpu_backward_two_warpgroups_interpreted(opts):
       has_window=window is not None, blocks=kernels.AttentionBlockSizes(),
       interpret=True)
   w = None if window is None else jnp.int32(window)
-  out, lse = jax.jit(lambda q, k, v: flash._triton_forward(
+  out, lse = jax.jit(lambda q, k, v: flash._gpu_forward(
       triton, q, k, v, None, w))(q, k, v)
   d_out = ct.astype(q.dtype)
   delta = flash.row_delta(out, d_out)
@@ -235,14 +270,16 @@ def test_mgpu_backward_two_warpgroups_interpreted(opts):
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
+@pytest.mark.parametrize("sides", list(MGPU_SIDES))
 @pytest.mark.parametrize("opts", [dict(), dict(sliding_window=100)],
                          ids=["causal", "window"])
-def test_gpu_mgpu_backward_matches_fp32_reference(opts):
-  """Compiled for Hopper, at the tiles the benchmark uses, bf16 GQA."""
+def test_gpu_mgpu_kernels_match_fp32_reference(sides, opts):
+  """Compiled for Hopper, at the default tiles, bf16 GQA."""
   B, T, H, K, D = 2, 512, 8, 2, 128
   q, k, v, ct = _inputs(9, B, T, T, H, K, D, jnp.bfloat16)
+  blocks = kernels.AttentionBlockSizes(**MGPU_SIDES[sides])
   _assert_bf16_matches_fp32_reference(
-      functools.partial(kernels.flash_attention, block_sizes=MGPU, **opts),
+      functools.partial(kernels.flash_attention, block_sizes=blocks, **opts),
       q, k, v, ct, opts)
 
 
@@ -260,9 +297,19 @@ def test_gpu_mgpu_backward_matches_fp32_reference(opts):
      "stages_mgpu must be >= 1"),
     ({}, dict(block_sizes=kernels.AttentionBlockSizes(bwd="cuda")),
      "bwd must be 'triton' or 'mosaic_gpu'"),
+    (dict(D=320), {}, "head_dim a multiple of 64 up to 256, got 320"),
+    ({}, dict(block_sizes=kernels.AttentionBlockSizes(fwd="mosaic_gpu"),
+              segment_ids=jnp.zeros((1, 128), jnp.int32)),
+     r"fwd='mosaic_gpu'\)\) does not support segment_ids; fwd='triton'"),
+    ({}, dict(block_sizes=kernels.AttentionBlockSizes(
+        fwd="mosaic_gpu", warpgroups_fwd_mgpu=0)),
+     "warpgroups_fwd_mgpu must be >= 1"),
+    ({}, dict(block_sizes=kernels.AttentionBlockSizes(fwd="cuda")),
+     "fwd must be 'triton' or 'mosaic_gpu'"),
 ], ids=["fp32", "segments", "softcap", "cross", "unaligned", "d32",
-        "traced_window", "stages", "unknown"])
-def test_mgpu_backward_refuses_what_it_does_not_cover(change, kwargs, match):
+        "traced_window", "stages", "unknown", "d320", "fwd_segments",
+        "fwd_warpgroups", "fwd_unknown"])
+def test_mgpu_kernels_refuse_what_they_do_not_cover(change, kwargs, match):
   shape = dict(T=128, S=128, D=64, dtype=jnp.bfloat16) | change
   q, k, v, _ = _inputs(0, 1, shape["T"], shape["S"], 2, 1, shape["D"],
                        shape["dtype"])

@@ -142,13 +142,18 @@ def test_flash_attention_fwd_and_bwd_lower_to_triton(compiled_pallas, opts):
   assert _triton_calls(fn, *specs) == 3  # forward, dQ, dK/dV
 
 
+@pytest.mark.parametrize("sides, calls", [
+    (dict(bwd="mosaic_gpu"), (1, 2)), (dict(fwd="mosaic_gpu"), (2, 1)),
+    (dict(fwd="mosaic_gpu", bwd="mosaic_gpu"), (0, 3))],
+    ids=["bwd", "fwd", "both"])
 @pytest.mark.parametrize("window", [None, 1024])
-def test_mgpu_backward_lowers_to_two_hopper_kernels(compiled_pallas, window):
-  """bwd='mosaic_gpu' at the benchmark's shape: the Triton forward, then the
-  dQ and dK/dV Mosaic GPU kernels (lowered to Mosaic GPU's MLIR; the PTX
-  compile needs a GPU)."""
+def test_mgpu_kernels_lower_to_hopper_kernels(compiled_pallas, window, sides,
+                                              calls):
+  """fwd/bwd='mosaic_gpu' at the benchmark's shape: each side's Mosaic GPU
+  kernels (the forward; dQ and dK/dV) beside the other side's Triton ones,
+  lowered to Mosaic GPU's MLIR (:mod:`aot` compiles them further)."""
   B, T, H, K, D = 2, 4096, 8, 2, 128
-  blocks = kernels.AttentionBlockSizes(bwd="mosaic_gpu")
+  blocks = kernels.AttentionBlockSizes(**sides)
 
   def loss(q, k, v):
     return jnp.sum(kernels.flash_attention(
@@ -156,7 +161,7 @@ def test_mgpu_backward_lowers_to_two_hopper_kernels(compiled_pallas, window):
             jnp.float32))
   grads = jax.grad(loss, argnums=(0, 1, 2))
   assert _cuda_calls(grads, _spec((B, T, H, D)), _spec((B, T, K, D)),
-                     _spec((B, T, K, D))) == (1, 2)
+                     _spec((B, T, K, D))) == calls
 
 
 @pytest.mark.parametrize("kv_layout", ["BSKD", "BKSD"])
