@@ -86,8 +86,11 @@ class AttentionBlockSizes:
   the residuals). ``*_mgpu`` (backward) and ``*_fwd_mgpu`` (forward): their
   query and key tiles (multiples of 64), pipeline depth and compute
   warpgroups per program (each owns one query or key tile; they share the
-  streamed tiles). Tested in Pallas' GPU interpreter and compiled for an
-  H200 on CPU (:mod:`aot`); not yet run or timed on a GPU.
+  streamed tiles). ``longest_first_mgpu``: the forward and dQ kernels
+  start with the last query tiles, which see the most keys under a causal
+  mask (an ordering to time; off by default). Tested in Pallas' GPU
+  interpreter and compiled for an H200 on CPU (:mod:`aot`); not yet run or
+  timed on a GPU.
   """
   block_q: int = 128
   block_k: int = 128
@@ -109,6 +112,7 @@ class AttentionBlockSizes:
   block_k_fwd_mgpu: int = 128
   stages_fwd_mgpu: int = 2
   warpgroups_fwd_mgpu: int = 2
+  longest_first_mgpu: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -695,4 +699,5 @@ def _mosaic_config(q, k, blocks: AttentionBlockSizes, side: str, *, causal,
                      f"which needs jax >= 0.11 (this is {jax.__version__})")
   return flash_mgpu.make_config(
       q.shape, k.shape, causal=causal, window=sliding_window, bq=bq, bk=bk,
-      stages=stages, warpgroups=warpgroups, interpret=interpret)
+      stages=stages, warpgroups=warpgroups, interpret=interpret,
+      longest_first=blocks.longest_first_mgpu)

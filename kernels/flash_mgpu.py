@@ -91,6 +91,7 @@ class Config:
   stages: int
   warpgroups: int  # compute warpgroups per program, each with its own tile
   interpret: bool
+  longest_first: bool = False  # query-major kernels: last query tiles first
   softcap: None = None  # the fields attention_rules reads
   has_segments: bool = False
 
@@ -123,12 +124,13 @@ def unsupported(q_shape, k_shape, dtype, *, has_segments, softcap,
 
 
 def make_config(q_shape, k_shape, *, causal, window, bq, bk, stages,
-                warpgroups, interpret) -> Config:
+                warpgroups, interpret, longest_first=False) -> Config:
   _, T, H, D = q_shape
   S, K = k_shape[1], k_shape[2]
   return Config(causal=causal, window=window, scale=float(D) ** -0.5,
                 T=T, S=S, Sp=S, D=D, groups=H // K, bq=bq, bk=bk,
-                stages=stages, warpgroups=warpgroups, interpret=interpret)
+                stages=stages, warpgroups=warpgroups, interpret=interpret,
+                longest_first=longest_first)
 
 
 # --------------------------------------------------------------------------
@@ -191,6 +193,17 @@ def _probs_and_dlogits(cfg, s, dp, lse, delta, offset, key_major):
   return p, p * (dp - delta)
 
 
+def _query_program(cfg: Config):
+  """The program's query-tile group; with ``longest_first``, last first:
+  under a causal mask the last queries see the most keys, and starting the
+  longest programs first can shorten the final wave (FlashAttention-3's
+  longest-processing-time order; untimed, hence off by default)."""
+  if not cfg.longest_first:
+    return lax.axis_index("q")
+  groups = cfg.T // (cfg.warpgroups * cfg.bq)
+  return jnp.int32(groups - 1) - lax.axis_index("q")
+
+
 def _block_range(blocks, cfg, start, size, tile):
   lo, hi = blocks(cfg, start, size, tile, cfg.window)
   return jnp.asarray(lo, jnp.int32), jnp.asarray(hi, jnp.int32)
@@ -205,7 +218,7 @@ def _block_range(blocks, cfg, start, size, tile):
 def _fwd_kernel(cfg: Config, q_ref, k_ref, v_ref, out_ref, lse_ref, q_smem,
                 p_smem, lse_smem, bar):
   bq, bk, D, W, dtype = cfg.bq, cfg.bk, cfg.D, cfg.warpgroups, q_ref.dtype
-  i, h, b = (lax.axis_index(n) for n in ("q", "h", "b"))
+  i, h, b = _query_program(cfg), lax.axis_index("h"), lax.axis_index("b")
   kh = lax.div(h, jnp.int32(cfg.groups))
   lo, hi = _block_range(rules.key_blocks, cfg, i * W * bq, W * bq, bk)
   row_vec = plgpu.Layout.WGMMA.reduce(1)
@@ -291,7 +304,7 @@ def forward(cfg: Config, q, k, v):
 def _dq_kernel(cfg: Config, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
                dq_ref, q_smem, do_smem, lse_smem, delta_smem, ds_smem, bar):
   bq, bk, D, W, dtype = cfg.bq, cfg.bk, cfg.D, cfg.warpgroups, q_ref.dtype
-  i, h, b = (lax.axis_index(n) for n in ("q", "h", "b"))
+  i, h, b = _query_program(cfg), lax.axis_index("h"), lax.axis_index("b")
   kh = lax.div(h, jnp.int32(cfg.groups))
   lo, hi = _block_range(rules.key_blocks, cfg, i * W * bq, W * bq, bk)
 

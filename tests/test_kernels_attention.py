@@ -211,9 +211,10 @@ def test_mgpu_kernels_interpreted_match_fp32_reference(sides, shape, dtype,
 
 
 @needs_gpu_interpreter
+@pytest.mark.parametrize("longest_first", [False, True])
 @pytest.mark.parametrize("opts", [dict(), dict(sliding_window=100)],
                          ids=["causal", "window"])
-def test_mgpu_forward_two_warpgroups_interpreted(opts):
+def test_mgpu_forward_two_warpgroups_interpreted(opts, longest_first):
   """Two compute warpgroups share the streamed key tiles (a tile one of
   them does not see is masked out in full); the output matches the fp32
   reference and the residual ``lse`` the Triton forward's, so either
@@ -223,7 +224,7 @@ def test_mgpu_forward_two_warpgroups_interpreted(opts):
   window = opts.get("sliding_window")
   cfg = flash_mgpu.make_config(q.shape, k.shape, causal=True, window=window,
                                bq=64, bk=64, stages=2, warpgroups=2,
-                               interpret=True)
+                               interpret=True, longest_first=longest_first)
   out, lse = jax.jit(functools.partial(flash_mgpu.forward, cfg))(q, k, v)
   chex.assert_shape(lse, (B, H, T))
   triton = flash._make_config(
@@ -239,9 +240,10 @@ def test_mgpu_forward_two_warpgroups_interpreted(opts):
 
 
 @needs_gpu_interpreter
+@pytest.mark.parametrize("longest_first", [False, True])
 @pytest.mark.parametrize("opts", [dict(), dict(sliding_window=127)],
                          ids=["causal", "window"])
-def test_mgpu_backward_two_warpgroups_interpreted(opts):
+def test_mgpu_backward_two_warpgroups_interpreted(opts, longest_first):
   """Two compute warpgroups share the streamed tiles; a tile one of them
   does not see is masked out in full. The kernels run in their own jit,
   from the Triton forward's residuals."""
@@ -259,7 +261,7 @@ def test_mgpu_backward_two_warpgroups_interpreted(opts):
   delta = flash.row_delta(out, d_out)
   cfg = flash_mgpu.make_config(q.shape, k.shape, causal=True, window=window,
                                bq=64, bk=64, stages=2, warpgroups=2,
-                               interpret=True)
+                               interpret=True, longest_first=longest_first)
   grads = jax.jit(functools.partial(flash_mgpu.backward, cfg))(
       q, k, v, d_out, lse, delta)
   f32 = [x.astype(jnp.float32) for x in (q, k, v)]
