@@ -111,9 +111,9 @@ class Kernel:
 def mesh(target: str = "h200") -> jax.sharding.Mesh:
   """A one-device mesh of ``target``'s compile-only device.
 
-  Needs JAX's CUDA plugin (``pip install -e ".[cuda]"``) and a backend not
-  yet initialised without it: set ``JAX_PLATFORMS=cpu`` (the plugin's
-  driver checks then do not run) before JAX starts.
+  Needs JAX's CUDA plugin (``pip install -e ".[cuda]"``) and, on a machine
+  without a GPU, ``JAX_PLATFORMS=cpu`` set before JAX starts: otherwise the
+  plugin's start-up checks of the CUDA libraries fail and it is not loaded.
   """
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   if target not in TARGETS:
@@ -148,13 +148,19 @@ def compile_for(fn: Callable, *args, target: str = "h200"
   jax.clear_caches()
   with jax.sharding.use_abstract_mesh(target_mesh.abstract_mesh):
     lowered = jax.jit(fn).lower(*specs)
-  with tempfile.TemporaryDirectory() as dump, \
-      _config(jax_enable_compilation_cache=False), \
-      _env(MOSAIC_GPU_DUMP_PTXAS="1"), _captured_output() as log:
-    compiled = lowered.compile(compiler_options={"xla_dump_to": dump})
-    thunks = "".join(
-        open(os.path.join(dump, f)).read() for f in sorted(os.listdir(dump))
-        if f.endswith("thunk_sequence.txt"))
+  log = []
+  try:
+    with tempfile.TemporaryDirectory() as dump, \
+        _config(jax_enable_compilation_cache=False), \
+        _env(MOSAIC_GPU_DUMP_PTXAS="1"), _captured_output() as log:
+      compiled = lowered.compile(compiler_options={"xla_dump_to": dump})
+      thunks = "".join(
+          open(os.path.join(dump, f)).read()
+          for f in sorted(os.listdir(dump))
+          if f.endswith("thunk_sequence.txt"))
+  except Exception:
+    sys.stderr.write("".join(log))  # what ptxas and XLA said
+    raise
   return compiled, _xla_kernels(thunks) + _ptxas_kernels(log[0])
 
 

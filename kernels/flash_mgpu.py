@@ -186,8 +186,9 @@ def _where_visible(cfg: Config, x, offset, key_major, fill):
 
 
 def _probs_and_dlogits(cfg, s, dp, lse, delta, offset, key_major):
-  """``P = exp2(S * scale * log2 e - lse)`` (masked to 0, :func:`_where_visible`)
-  and ``dS = P * (dP - delta)``; ``lse``/``delta`` broadcast by the caller."""
+  """``P = exp2(S * scale * log2 e - lse)`` (masked to 0,
+  :func:`_where_visible`) and ``dS = P * (dP - delta)``; ``lse``/``delta``
+  broadcast by the caller."""
   p = _where_visible(cfg, jnp.exp2(s * (cfg.scale * _common.LOG2E) - lse),
                      offset, key_major, 0.0)
   return p, p * (dp - delta)
@@ -271,7 +272,10 @@ def _fwd_kernel(cfg: Config, q_ref, k_ref, v_ref, out_ref, lse_ref, q_smem,
   pipeline(k_ref.at[b, :, kh], v_ref.at[b, :, kh])
 
 
-def _fwd_call(cfg: Config, q, k, v):
+def forward(cfg: Config, q, k, v):
+  """``(out, lse_BxHxT)``: attention in q's dtype and its base-2
+  log-sum-exp (fp32, the residual :func:`backward` and the Triton backward
+  read)."""
   B, T, H, D = q.shape
   W, bq = cfg.warpgroups, cfg.bq
   scratch = [
@@ -286,12 +290,6 @@ def _fwd_call(cfg: Config, q, k, v):
       compiler_params=plgpu.CompilerParams(approx_math=True),
       interpret=_interpret(cfg),
   )(q, k, v)
-
-
-def forward(cfg: Config, q, k, v):
-  """``(out, lse_BxHxT)``: attention and its base-2 log-sum-exp (fp32, the
-  residual :func:`backward` and the Triton backward read)."""
-  return _fwd_call(cfg, q, k, v)
 
 
 # --------------------------------------------------------------------------

@@ -48,7 +48,8 @@ ptxas info    : Compile time = 168.175 ms
 
 ptxas info    : Compiling entry function \
 'flash_attention_dq_mgpu_mosaic_gpu_kernel' for 'sm_90a'
-ptxas info    : Function properties for flash_attention_dq_mgpu_mosaic_gpu_kernel
+ptxas info    : Function properties for \
+flash_attention_dq_mgpu_mosaic_gpu_kernel
     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 ptxas info    : Used 232 registers, used 16 barriers, 1 bytes smem
 """
