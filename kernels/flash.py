@@ -88,7 +88,10 @@ class AttentionBlockSizes:
   warpgroups per program (each owns one query or key tile; they share the
   streamed tiles). ``longest_first_mgpu``: the forward and dQ kernels
   start with the last query tiles, which see the most keys under a causal
-  mask (an ordering to time; off by default). Tested in Pallas' GPU
+  mask (an ordering to time; off by default). ``pingpong_fwd_mgpu``: the
+  forward's two compute warpgroups take turns at the tensor cores, one's
+  softmax running while the other's matmuls do (FlashAttention-3's
+  schedule; to time, off by default). Tested in Pallas' GPU
   interpreter and compiled for an H200 on CPU (:mod:`aot`); not yet run or
   timed on a GPU.
   """
@@ -113,6 +116,7 @@ class AttentionBlockSizes:
   stages_fwd_mgpu: int = 2
   warpgroups_fwd_mgpu: int = 2
   longest_first_mgpu: bool = False
+  pingpong_fwd_mgpu: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -700,4 +704,5 @@ def _mosaic_config(q, k, blocks: AttentionBlockSizes, side: str, *, causal,
   return flash_mgpu.make_config(
       q.shape, k.shape, causal=causal, window=sliding_window, bq=bq, bk=bk,
       stages=stages, warpgroups=warpgroups, interpret=interpret,
-      longest_first=blocks.longest_first_mgpu)
+      longest_first=blocks.longest_first_mgpu,
+      pingpong=side == "fwd" and blocks.pingpong_fwd_mgpu)

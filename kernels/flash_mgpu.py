@@ -92,6 +92,7 @@ class Config:
   warpgroups: int  # compute warpgroups per program, each with its own tile
   interpret: bool
   longest_first: bool = False  # query-major kernels: last query tiles first
+  pingpong: bool = False  # forward: alternate the warpgroups' matmuls
   softcap: None = None  # the fields attention_rules reads
   has_segments: bool = False
 
@@ -124,13 +125,14 @@ def unsupported(q_shape, k_shape, dtype, *, has_segments, softcap,
 
 
 def make_config(q_shape, k_shape, *, causal, window, bq, bk, stages,
-                warpgroups, interpret, longest_first=False) -> Config:
+                warpgroups, interpret, longest_first=False,
+                pingpong=False) -> Config:
   _, T, H, D = q_shape
   S, K = k_shape[1], k_shape[2]
   return Config(causal=causal, window=window, scale=float(D) ** -0.5,
                 T=T, S=S, Sp=S, D=D, groups=H // K, bq=bq, bk=bk,
                 stages=stages, warpgroups=warpgroups, interpret=interpret,
-                longest_first=longest_first)
+                longest_first=longest_first, pingpong=pingpong)
 
 
 # --------------------------------------------------------------------------
@@ -217,12 +219,23 @@ def _block_range(blocks, cfg, start, size, tile):
 
 
 def _fwd_kernel(cfg: Config, q_ref, k_ref, v_ref, out_ref, lse_ref, q_smem,
-                p_smem, lse_smem, bar):
+                p_smem, lse_smem, bar, turn):
   bq, bk, D, W, dtype = cfg.bq, cfg.bk, cfg.D, cfg.warpgroups, q_ref.dtype
   i, h, b = _query_program(cfg), lax.axis_index("h"), lax.axis_index("b")
   kh = lax.div(h, jnp.int32(cfg.groups))
   lo, hi = _block_range(rules.key_blocks, cfg, i * W * bq, W * bq, bk)
   row_vec = plgpu.Layout.WGMMA.reduce(1)
+  pingpong = cfg.pingpong and W == 2
+
+  def take_turns():
+    """With ``pingpong``, the two compute warpgroups meet here (every call
+    of one pairs with the same-numbered call of the other). Each calls it
+    after issuing ``Q K^T`` and after its softmax, and warpgroup 1 once
+    more first, so one's softmax runs while the other's matmuls do
+    (FlashAttention-3's ping-pong schedule)."""
+    if pingpong:
+      plgpu.barrier_arrive(turn)
+      plgpu.barrier_wait(turn)
 
   def compute(pipeline):
     w = lax.axis_index("wg")
@@ -235,7 +248,11 @@ def _fwd_kernel(cfg: Config, q_ref, k_ref, v_ref, out_ref, lse_ref, q_smem,
     l = plgpu.layout_cast(jnp.zeros((bq,), jnp.float32), row_vec)
     acc = plgpu.layout_cast(jnp.zeros((bq, D), jnp.float32),
                             plgpu.Layout.WGMMA)
+    if pingpong:
+      pl.when(w == 1)(take_turns)
     m, l, acc = pipeline((m, l, acc))
+    if pingpong:
+      pl.when(w == 0)(take_turns)
     # Every row sees its own key (self-attention), so l >= 1.
     q_tile[...] = (acc / lax.broadcast_in_dim(l, (bq, D), [0])).astype(dtype)
     lse_tile[...] = m + jnp.log(l) * _common.LOG2E  # log2
@@ -248,7 +265,12 @@ def _fwd_kernel(cfg: Config, q_ref, k_ref, v_ref, out_ref, lse_ref, q_smem,
     m, l, acc = carry
     w = lax.axis_index("wg")
     p_tile = p_smem.at[w]
-    s, = _matmuls((bq, bk), (q_smem.at[w], k_smem.transpose((1, 0))))
+
+    def logits(acc_ref):
+      plgpu.wgmma(acc_ref, q_smem.at[w], k_smem.transpose((1, 0)))
+      take_turns()
+      return acc_ref[...]
+    s = pl.run_scoped(logits, plgpu.ACC((bq, bk), jnp.float32))
     offset = (i * W + w) * bq - (lo + idx[0]) * bk
     s = _where_visible(cfg, s * (cfg.scale * _common.LOG2E), offset,
                        key_major=False, fill=_common.MASKED)
@@ -261,6 +283,7 @@ def _fwd_kernel(cfg: Config, q_ref, k_ref, v_ref, out_ref, lse_ref, q_smem,
     l = l * alpha + p.sum(axis=1)
     p_tile[...] = p.astype(dtype)
     plgpu.commit_smem()
+    take_turns()
     pv, = _matmuls((bq, D), (p_tile, v_smem))  # waits: the tiles are reused
     return m_new, l, acc * lax.broadcast_in_dim(alpha, (bq, D), [0]) + pv
 
@@ -280,7 +303,8 @@ def forward(cfg: Config, q, k, v):
   W, bq = cfg.warpgroups, cfg.bq
   scratch = [
       _smem((W, bq, D), q.dtype), _smem((W, bq, cfg.bk), q.dtype),
-      plgpu.SMEM((W, bq), jnp.float32), plgpu.Barrier(num_barriers=W)]
+      plgpu.SMEM((W, bq), jnp.float32), plgpu.Barrier(num_barriers=W),
+      plgpu.Barrier(num_arrivals=W)]
   return plgpu.kernel(
       _named("flash_attention_fwd_mgpu", _fwd_kernel, cfg),
       out_type=(q, jax.ShapeDtypeStruct((B, H, T), jnp.float32)),

@@ -211,20 +211,24 @@ def test_mgpu_kernels_interpreted_match_fp32_reference(sides, shape, dtype,
 
 
 @needs_gpu_interpreter
-@pytest.mark.parametrize("longest_first", [False, True])
+@pytest.mark.parametrize("order", [{}, dict(longest_first=True),
+                                   dict(pingpong=True)],
+                         ids=["plain", "longest_first", "pingpong"])
 @pytest.mark.parametrize("opts", [dict(), dict(sliding_window=100)],
                          ids=["causal", "window"])
-def test_mgpu_forward_two_warpgroups_interpreted(opts, longest_first):
+def test_mgpu_forward_two_warpgroups_interpreted(opts, order):
   """Two compute warpgroups share the streamed key tiles (a tile one of
-  them does not see is masked out in full); the output matches the fp32
-  reference and the residual ``lse`` the Triton forward's, so either
-  forward feeds either backward."""
+  them does not see is masked out in full), in either program order and
+  taking turns or not (the interpreter runs the turn barrier, so a schedule
+  that deadlocks hangs here); the output matches the fp32 reference and the
+  residual ``lse`` the Triton forward's, so either forward feeds either
+  backward."""
   B, T, H, K, D = 1, 256, 4, 2, 64
   q, k, v, _ = _inputs(13, B, T, T, H, K, D, jnp.bfloat16)
   window = opts.get("sliding_window")
   cfg = flash_mgpu.make_config(q.shape, k.shape, causal=True, window=window,
                                bq=64, bk=64, stages=2, warpgroups=2,
-                               interpret=True, longest_first=longest_first)
+                               interpret=True, **order)
   out, lse = jax.jit(functools.partial(flash_mgpu.forward, cfg))(q, k, v)
   chex.assert_shape(lse, (B, H, T))
   triton = flash._make_config(

@@ -14,6 +14,7 @@ v5p); Mosaic's own compiler, in libtpu, is not run.
 """
 
 import contextlib
+import functools
 import re
 
 import jax
@@ -162,6 +163,31 @@ def test_mgpu_kernels_lower_to_hopper_kernels(compiled_pallas, window, sides,
   grads = jax.grad(loss, argnums=(0, 1, 2))
   assert _cuda_calls(grads, _spec((B, T, H, D)), _spec((B, T, K, D)),
                      _spec((B, T, K, D))) == calls
+
+
+@pytest.mark.parametrize("flag", ["longest_first_mgpu", "pingpong_fwd_mgpu"])
+def test_mgpu_schedule_flags_reach_the_kernels(compiled_pallas, flag):
+  """AttentionBlockSizes' schedule switches change the Hopper forward's
+  kernel (they are timed by the benchmark's A/Bs). Its ``kernel_hash``
+  names the kernel; the module's text also holds call-site locations."""
+  B, T, H, K, D = 1, 512, 4, 2, 128
+  specs = (_spec((B, T, H, D)), _spec((B, T, K, D)), _spec((B, T, K, D)))
+  h200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=None,
+                                     platform="gpu")
+  checks = [jax.export.DisabledSafetyCheck.custom_call(c)
+            for c in (*_TRITON_CALLS, _MGPU_CALL)]
+
+  def kernel_hashes(**flags):
+    blocks = kernels.AttentionBlockSizes(fwd="mosaic_gpu", **flags)
+    fn = jax.jit(functools.partial(kernels.flash_attention,
+                                   block_sizes=blocks))
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh(
+        (1,), ("x",), abstract_device=h200)):
+      text = jax.export.export(fn, platforms=["cuda"],
+                               disabled_checks=checks)(*specs).mlir_module()
+    return re.findall(r'kernel_hash = "([^"]*)"', text)
+  assert len(kernel_hashes()) == 1 and kernel_hashes() == kernel_hashes()
+  assert kernel_hashes() != kernel_hashes(**{flag: True})
 
 
 @pytest.mark.parametrize("kv_layout", ["BSKD", "BKSD"])
