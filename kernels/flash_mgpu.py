@@ -207,6 +207,20 @@ def _query_program(cfg: Config):
   return jnp.int32(groups - 1) - lax.axis_index("q")
 
 
+def _stream_key_tiles(cfg: Config, step, compute, lo, hi, k_SxD, v_SxD):
+  """Runs ``step(idx, k_tile, v_tile, carry)`` in the compute warpgroups
+  over key/value tiles ``[lo, hi)`` of ``k_SxD``/``v_SxD``, which the
+  memory warpgroup streams by TMA into ``cfg.stages`` slots; ``compute``
+  is the compute warpgroups' context (it calls the pipeline with the
+  initial carry). The forward's and the dQ kernel's loop."""
+  spec = plgpu.BlockSpec((cfg.bk, cfg.D), lambda j: (lo + j, 0),
+                         transforms=_TILED)
+  plgpu.emit_pipeline_warp_specialized(
+      step, grid=(hi - lo,), memory_registers=40, in_specs=[spec, spec],
+      max_concurrent_steps=cfg.stages, wg_axis="wg",
+      num_compute_wgs=cfg.warpgroups, compute_context=compute)(k_SxD, v_SxD)
+
+
 def _block_range(blocks, cfg, start, size, tile):
   lo, hi = blocks(cfg, start, size, tile, cfg.window)
   return jnp.asarray(lo, jnp.int32), jnp.asarray(hi, jnp.int32)
@@ -287,12 +301,8 @@ def _fwd_kernel(cfg: Config, q_ref, k_ref, v_ref, out_ref, lse_ref, q_smem,
     pv, = _matmuls((bq, D), (p_tile, v_smem))  # waits: the tiles are reused
     return m_new, l, acc * lax.broadcast_in_dim(alpha, (bq, D), [0]) + pv
 
-  kv_spec = plgpu.BlockSpec((bk, D), lambda j: (lo + j, 0), transforms=_TILED)
-  pipeline = plgpu.emit_pipeline_warp_specialized(
-      step, grid=(hi - lo,), memory_registers=40,
-      in_specs=[kv_spec, kv_spec], max_concurrent_steps=cfg.stages,
-      wg_axis="wg", num_compute_wgs=W, compute_context=compute)
-  pipeline(k_ref.at[b, :, kh], v_ref.at[b, :, kh])
+  _stream_key_tiles(cfg, step, compute, lo, hi, k_ref.at[b, :, kh],
+                    v_ref.at[b, :, kh])
 
 
 def forward(cfg: Config, q, k, v):
@@ -370,12 +380,8 @@ def _dq_kernel(cfg: Config, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
     plgpu.wgmma_wait(0)  # k_smem and ds_tile are reused after this step
     return carry
 
-  kv_spec = plgpu.BlockSpec((bk, D), lambda j: (lo + j, 0), transforms=_TILED)
-  pipeline = plgpu.emit_pipeline_warp_specialized(
-      step, grid=(hi - lo,), memory_registers=40,
-      in_specs=[kv_spec, kv_spec], max_concurrent_steps=cfg.stages,
-      wg_axis="wg", num_compute_wgs=W, compute_context=compute)
-  pipeline(k_ref.at[b, :, kh], v_ref.at[b, :, kh])
+  _stream_key_tiles(cfg, step, compute, lo, hi, k_ref.at[b, :, kh],
+                    v_ref.at[b, :, kh])
 
 
 def _dq_call(cfg: Config, q, k, v, do, lse, delta):

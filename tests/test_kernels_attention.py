@@ -194,6 +194,18 @@ needs_gpu_interpreter = pytest.mark.skipif(
     reason="Pallas' GPU interpreter needs jax >= 0.11 (on a GPU: compiled)")
 
 
+def _triton_forward(q, k, v, window):
+  """``(out, lse)`` of the causal Triton forward (interpreted) in a jit of
+  its own: the residuals either backward reads."""
+  cfg = flash._make_config(
+      q.shape, k.shape, causal=True, softcap=None, has_segments=False,
+      has_window=window is not None, blocks=kernels.AttentionBlockSizes(),
+      interpret=True)
+  w = None if window is None else jnp.int32(window)
+  return jax.jit(lambda q, k, v: flash._gpu_forward(cfg, q, k, v, None, w))(
+      q, k, v)
+
+
 @needs_gpu_interpreter
 @pytest.mark.parametrize("sides", list(MGPU_SIDES))
 @pytest.mark.parametrize("shape,dtype,opts", MGPU_CASES,
@@ -231,13 +243,7 @@ def test_mgpu_forward_two_warpgroups_interpreted(opts, order):
                                interpret=True, **order)
   out, lse = jax.jit(functools.partial(flash_mgpu.forward, cfg))(q, k, v)
   chex.assert_shape(lse, (B, H, T))
-  triton = flash._make_config(
-      q.shape, k.shape, causal=True, softcap=None, has_segments=False,
-      has_window=window is not None, blocks=kernels.AttentionBlockSizes(),
-      interpret=True)
-  w = None if window is None else jnp.int32(window)
-  _, triton_lse = jax.jit(lambda q, k, v: flash._gpu_forward(
-      triton, q, k, v, None, w))(q, k, v)
+  _, triton_lse = _triton_forward(q, k, v, window)
   np.testing.assert_allclose(lse, triton_lse[:, :, :T], atol=1e-4)
   f32 = [x.astype(jnp.float32) for x in (q, k, v)]
   _assert_close(out, reference.attention(*f32, **opts), 1e-2)
@@ -254,13 +260,7 @@ def test_mgpu_backward_two_warpgroups_interpreted(opts, longest_first):
   B, T, H, K, D = 1, 256, 4, 2, 64
   q, k, v, ct = _inputs(12, B, T, T, H, K, D, jnp.bfloat16)
   window = opts.get("sliding_window")
-  triton = flash._make_config(
-      q.shape, k.shape, causal=True, softcap=None, has_segments=False,
-      has_window=window is not None, blocks=kernels.AttentionBlockSizes(),
-      interpret=True)
-  w = None if window is None else jnp.int32(window)
-  out, lse = jax.jit(lambda q, k, v: flash._gpu_forward(
-      triton, q, k, v, None, w))(q, k, v)
+  out, lse = _triton_forward(q, k, v, window)
   d_out = ct.astype(q.dtype)
   delta = flash.row_delta(out, d_out)
   cfg = flash_mgpu.make_config(q.shape, k.shape, causal=True, window=window,
