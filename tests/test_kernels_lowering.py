@@ -14,7 +14,7 @@ v5p); Mosaic's own compiler, in libtpu, is not run.
 """
 
 import contextlib
-import functools
+import dataclasses
 import re
 
 import jax
@@ -165,29 +165,39 @@ def test_mgpu_kernels_lower_to_hopper_kernels(compiled_pallas, window, sides,
                      _spec((B, T, K, D))) == calls
 
 
-@pytest.mark.parametrize("flag", ["longest_first_mgpu", "pingpong_fwd_mgpu"])
-def test_mgpu_schedule_flags_reach_the_kernels(compiled_pallas, flag):
-  """AttentionBlockSizes' schedule switches change the Hopper forward's
-  kernel (they are timed by the benchmark's A/Bs). Its ``kernel_hash``
-  names the kernel; the module's text also holds call-site locations."""
-  B, T, H, K, D = 1, 512, 4, 2, 128
-  specs = (_spec((B, T, H, D)), _spec((B, T, K, D)), _spec((B, T, K, D)))
-  h200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=None,
-                                     platform="gpu")
-  checks = [jax.export.DisabledSafetyCheck.custom_call(c)
-            for c in (*_TRITON_CALLS, _MGPU_CALL)]
+@pytest.mark.parametrize("flag, fwd, bwd", [
+    ("longest_first_mgpu", dict(longest_first=True), dict(longest_first=True)),
+    ("pingpong_fwd_mgpu", dict(pingpong=True), {})])
+def test_mgpu_schedule_flags_reach_the_kernels(compiled_pallas, monkeypatch,
+                                               flag, fwd, bwd):
+  """AttentionBlockSizes' schedule switches (timed by the benchmark's A/Bs)
+  reach the Hopper kernels' configs: longest-first both sides, ping-pong
+  the forward only. (The lowered modules cannot tell: jax 0.11's Mosaic
+  GPU kernel hash differs between identical lowerings.)"""
+  from agentic_rl.kernels import flash_mgpu  # pylint: disable=import-outside-toplevel
+  seen = {}
 
-  def kernel_hashes(**flags):
-    blocks = kernels.AttentionBlockSizes(fwd="mosaic_gpu", **flags)
-    fn = jax.jit(functools.partial(kernels.flash_attention,
-                                   block_sizes=blocks))
-    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh(
-        (1,), ("x",), abstract_device=h200)):
-      text = jax.export.export(fn, platforms=["cuda"],
-                               disabled_checks=checks)(*specs).mlir_module()
-    return re.findall(r'kernel_hash = "([^"]*)"', text)
-  assert len(kernel_hashes()) == 1 and kernel_hashes() == kernel_hashes()
-  assert kernel_hashes() != kernel_hashes(**{flag: True})
+  def record(side, kernel):
+    def run(cfg, *args):
+      seen[side] = cfg
+      return kernel(cfg, *args)
+    monkeypatch.setattr(flash_mgpu, kernel.__name__, run)
+  record("fwd", flash_mgpu.forward)
+  record("bwd", flash_mgpu.backward)
+  q, kv = _spec((1, 256, 4, 128)), _spec((1, 256, 2, 128))
+
+  def configs(**flags):
+    blocks = kernels.AttentionBlockSizes(fwd="mosaic_gpu", bwd="mosaic_gpu",
+                                         **flags)
+    jax.eval_shape(jax.grad(lambda q, k, v: jnp.sum(kernels.flash_attention(
+        q, k, v, block_sizes=blocks).astype(jnp.float32)),
+                            argnums=(0, 1, 2)), q, kv, kv)
+    return dict(seen)
+  plain = configs()
+  assert not any(c.longest_first or c.pingpong for c in plain.values())
+  changed = configs(**{flag: True})
+  for side, fields in (("fwd", fwd), ("bwd", bwd)):
+    assert changed[side] == dataclasses.replace(plain[side], **fields)
 
 
 @pytest.mark.parametrize("kv_layout", ["BSKD", "BKSD"])
