@@ -23,12 +23,13 @@ kernels, XLA's launch dimensions and shared memory for the others (Triton
 and fusions).
 
 The command compiles the benchmark's attention shapes (:mod:`bench`) with
-the Triton backward and with the Mosaic GPU one, the latter at ``--base``
+the Triton kernels and with the Mosaic GPU ones, the latter at ``--base``
 (a JSON object of :class:`~flash.AttentionBlockSizes` fields, default
-``{"bwd": "mosaic_gpu"}``) and with each ``--sweep`` value in turn (as
-``bench --ab``), plus the log-prob and decode kernels, and writes one JSON
-row per compiled kernel. A case that fails to compile is recorded with its
-error and the run goes on.
+``{"fwd": "mosaic_gpu", "bwd": "mosaic_gpu"}``) and with each ``--sweep``
+value in turn (as ``bench --ab``), plus the log-prob and decode kernels,
+and writes one JSON row per compiled kernel. A case that fails to compile
+(shared memory over the limit, a kernel ptxas rejects) is recorded with
+its error and the run goes on.
 """
 
 from __future__ import annotations
@@ -337,7 +338,8 @@ def main(argv=None) -> int:
   parser.add_argument("--out", required=True)
   parser.add_argument("--target", default="h200", choices=sorted(TARGETS))
   parser.add_argument("--ops", default=",".join(bench.OPS))
-  parser.add_argument("--base", default='{"bwd": "mosaic_gpu"}',
+  parser.add_argument("--base",
+                      default='{"fwd": "mosaic_gpu", "bwd": "mosaic_gpu"}',
                       help="AttentionBlockSizes fields of the Mosaic GPU "
                            "variant (JSON)")
   parser.add_argument("--sweep", nargs="*", default=[],
