@@ -264,7 +264,8 @@ def _ptxas_kernels(log: str) -> list[Kernel]:
 # The command.
 
 
-def _attention_grad(blocks, window):
+def attention_grad(blocks, window=None):
+  """The gradient of ``sum(flash_attention(q, k, v))`` with ``blocks``."""
   def loss(q, k, v):
     out = kernels.flash_attention(q, k, v, sliding_window=window,
                                   block_sizes=blocks)
@@ -282,8 +283,8 @@ def cases(ops: set[str], base: dict, sweep: list[tuple[str, list]]
     mosaic = dataclasses.replace(kernels.AttentionBlockSizes(), **base)
     variants.append(mosaic)
     for field, values in sweep:
-      variants += [dataclasses.replace(mosaic, **{field: v}) for v in values
-                   if dataclasses.replace(mosaic, **{field: v}) != mosaic]
+      changed = (dataclasses.replace(mosaic, **{field: v}) for v in values)
+      variants += [blocks for blocks in changed if blocks != mosaic]
     for B, T, H, K, D, window in bench.ATTENTION_SHAPES:
       name = f"attention fwd+bwd B{B} T{T} H{H} K{K} D{D}" + (
           f" w{window}" if window else "")
@@ -292,7 +293,7 @@ def cases(ops: set[str], base: dict, sweep: list[tuple[str, list]]
               spec((B, T, K, D), jnp.bfloat16))
       for blocks in variants:
         out.append((name, _changed(blocks),
-                    _attention_grad(blocks, window), args))
+                    attention_grad(blocks, window), args))
   if "token_logprobs" in ops:
     for N, D, V in bench.LOGPROB_SHAPES:
       def logprob_loss(h, w, t):
@@ -345,14 +346,16 @@ def main(argv=None) -> int:
   parser.add_argument("--sweep", nargs="*", default=[],
                       help="FIELD=V1,V2: also compile --base with each value")
   args = parser.parse_args(argv)
+  ops = set(args.ops.split(","))
+  if ops - set(bench.OPS):
+    parser.error(f"unknown ops {sorted(ops - set(bench.OPS))}")
   sweep = [bench.parse_ab(s) for s in args.sweep]
   mesh(args.target)  # fail early, and let the plugin set the CUDA root
   report = dict(
       target=args.target, jax=jax.__version__,
       date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
       ptxas=_ptxas_version(), rows=[])
-  for case, blocks, fn, fn_args in cases(set(args.ops.split(",")),
-                                         json.loads(args.base), sweep):
+  for case, blocks, fn, fn_args in cases(ops, json.loads(args.base), sweep):
     t0 = time.perf_counter()
     row = dict(case=case, blocks=blocks)
     try:

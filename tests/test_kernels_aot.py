@@ -109,14 +109,6 @@ def h200():
     pytest.skip(f"run with JAX_PLATFORMS=cpu ({e})")
 
 
-def _attention_grad(blocks, window=None):
-  def loss(q, k, v):
-    return jnp.sum(kernels.flash_attention(
-        q, k, v, sliding_window=window, block_sizes=blocks).astype(
-            jnp.float32))
-  return jax.grad(loss, argnums=(0, 1, 2))
-
-
 def _qkv(B=2, T=4096, H=8, K=2, D=128):
   spec = jax.ShapeDtypeStruct
   return (spec((B, T, H, D), jnp.bfloat16), spec((B, T, K, D), jnp.bfloat16),
@@ -128,7 +120,7 @@ def test_mosaic_gpu_kernels_compile_for_h200(h200, window):
   """ptxas accepts the three Hopper kernels (named, so its reports and
   profilers tell them apart)."""
   blocks = kernels.AttentionBlockSizes(fwd="mosaic_gpu", bwd="mosaic_gpu")
-  compiled, found = aot.compile_for(_attention_grad(blocks, window), *_qkv())
+  compiled, found = aot.compile_for(aot.attention_grad(blocks, window), *_qkv())
   assert "mosaic_gpu_v2" in compiled.as_text()
   by_name = {k.name: k for k in found}
   for name in ("flash_attention_fwd_mgpu", "flash_attention_dq_mgpu",
@@ -140,7 +132,7 @@ def test_mosaic_gpu_kernels_compile_for_h200(h200, window):
 def test_triton_kernels_compile_for_h200(h200):
   """XLA launches the Triton kernels, within the H200's shared memory."""
   _, found = aot.compile_for(
-      _attention_grad(kernels.AttentionBlockSizes()), *_qkv())
+      aot.attention_grad(kernels.AttentionBlockSizes()), *_qkv())
   by_name = {k.name: k for k in found if k.source == "xla"}
   for name in ("flash_attention_fwd", "flash_attention_dq",
                "flash_attention_dkdv"):

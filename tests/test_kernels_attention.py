@@ -1,6 +1,5 @@
 """Flash attention: Pallas kernels (interpret mode on CPU) vs references."""
 
-import dataclasses
 import functools
 
 import chex
