@@ -91,7 +91,12 @@ class AttentionBlockSizes:
   mask (an ordering to time; off by default). ``pingpong_fwd_mgpu``: the
   forward's two compute warpgroups take turns at the tensor cores, one's
   softmax running while the other's matmuls do (FlashAttention-3's
-  schedule; to time, off by default). Tested in Pallas' GPU
+  schedule; to time, off by default). ``register_operands_mgpu``: the
+  kernels keep ``P`` and ``dS`` in registers as the left operand of their
+  matmuls, and the forward accumulates ``P V`` in place (as
+  FlashAttention-3 and jax's Mosaic GPU attention do); False stages them
+  through shared memory, as the interpreter always does (it models wgmma
+  on shared-memory operands only). Tested in Pallas' GPU
   interpreter and compiled for an H200 on CPU (:mod:`aot`); not yet run or
   timed on a GPU.
   """
@@ -117,6 +122,7 @@ class AttentionBlockSizes:
   warpgroups_fwd_mgpu: int = 2
   longest_first_mgpu: bool = False
   pingpong_fwd_mgpu: bool = False
+  register_operands_mgpu: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -705,4 +711,5 @@ def _mosaic_config(q, k, blocks: AttentionBlockSizes, side: str, *, causal,
       q.shape, k.shape, causal=causal, window=sliding_window, bq=bq, bk=bk,
       stages=stages, warpgroups=warpgroups, interpret=interpret,
       longest_first=blocks.longest_first_mgpu,
-      pingpong=side == "fwd" and blocks.pingpong_fwd_mgpu)
+      pingpong=side == "fwd" and blocks.pingpong_fwd_mgpu,
+      register_operands=blocks.register_operands_mgpu)

@@ -25,12 +25,16 @@ algebra on them (one's softmax can overlap another's matmuls):
 convention, so either family's forward feeds either backward) and ``delta
 = rowsum(O * dO)`` (:func:`flash.row_delta`). The backward keeps its dK/dV
 tiles key-major (``S^T``), so ``P^T`` and ``dS^T`` feed their matmuls
-without a transpose. ``P`` (forward) and ``P^T``/``dS^T`` (backward) go
-through shared-memory staging tiles: the left operand of every wgmma is a
-shared-memory tile, which also lets the kernels run in Pallas' GPU
-interpreter on CPU (it models wgmma on shared-memory operands only). The
-forward adds each step's ``P V`` to the rescaled accumulator in registers
-(the interpreter has no preinitialised accumulators either).
+without a transpose. ``P`` (forward), ``dS`` (dQ) and ``P^T``/``dS^T``
+(dK/dV) stay in registers as the left operand of their wgmma, and the
+forward accumulates ``P V`` into its rescaled accumulator in place, as
+FlashAttention-3 does. Pallas' GPU interpreter (which runs these kernels on
+CPU) models wgmma on shared-memory operands and fresh accumulators only, so
+there, or with ``register_operands=False``, those tiles go through
+shared-memory staging tiles and ``P V`` is added after its matmul
+(:func:`_lhs`, :func:`_accumulate`); the values are the same. Each
+streamed tile is released as soon as its last matmul is done (the
+pipeline's consumed barriers), so its slot refills during the step.
 
 Scope (:func:`unsupported` says why a case is out of it, and
 :func:`flash.flash_attention` raises that): float16 or bfloat16,
@@ -93,12 +97,21 @@ class Config:
   interpret: bool
   longest_first: bool = False  # query-major kernels: last query tiles first
   pingpong: bool = False  # forward: alternate the warpgroups' matmuls
+  register_operands: bool = True  # P, dS feed wgmma from registers
   softcap: None = None  # the fields attention_rules reads
   has_segments: bool = False
 
   @property
   def has_window(self) -> bool:
     return self.window is not None
+
+  @property
+  def in_registers(self) -> bool:
+    """Whether ``P``/``dS`` stay in registers as wgmma's left operand (and
+    the forward accumulates in place). The interpreter models wgmma on
+    shared-memory operands only, so there they are staged in shared
+    memory (same values: both round to the input dtype)."""
+    return self.register_operands and not self.interpret
 
 
 def unsupported(q_shape, k_shape, dtype, *, has_segments, softcap,
@@ -126,13 +139,14 @@ def unsupported(q_shape, k_shape, dtype, *, has_segments, softcap,
 
 def make_config(q_shape, k_shape, *, causal, window, bq, bk, stages,
                 warpgroups, interpret, longest_first=False,
-                pingpong=False) -> Config:
+                pingpong=False, register_operands=True) -> Config:
   _, T, H, D = q_shape
   S, K = k_shape[1], k_shape[2]
   return Config(causal=causal, window=window, scale=float(D) ** -0.5,
                 T=T, S=S, Sp=S, D=D, groups=H // K, bq=bq, bk=bk,
                 stages=stages, warpgroups=warpgroups, interpret=interpret,
-                longest_first=longest_first, pingpong=pingpong)
+                longest_first=longest_first, pingpong=pingpong,
+                register_operands=register_operands)
 
 
 # --------------------------------------------------------------------------
@@ -154,6 +168,36 @@ def _matmuls(shape, *operands):
       plgpu.wgmma(acc_ref, a, b)
     return [acc_ref[...] for acc_ref in acc_refs]
   return pl.run_scoped(run, *[plgpu.ACC(shape, jnp.float32)] * len(operands))
+
+
+def _staging(cfg: Config, shape, dtype):
+  """Scratch for :func:`_lhs`: ``(tiles,)``, one ``shape`` tile per compute
+  warpgroup, or ``()`` when the operands stay in registers."""
+  return () if cfg.in_registers else (
+      _smem((cfg.warpgroups, *shape), dtype),)
+
+
+def _lhs(x, staging):
+  """``x`` (16-bit, WGMMA layout) as a wgmma's left operand: the value
+  itself (registers), or written to this warpgroup's tile of ``staging``
+  (:func:`_staging`)."""
+  if not staging:
+    return x
+  tile = staging[0].at[lax.axis_index("wg")]
+  tile[...] = x
+  plgpu.commit_smem()
+  return tile
+
+
+def _accumulate(cfg: Config, acc, a, b):
+  """``acc + a @ b`` by wgmma (``acc`` an fp32 WGMMA-layout value), waited
+  for: in place from registers (``pl.run_state`` on an initialised
+  accumulator), or, for the interpreter, into a fresh one and added."""
+  if cfg.in_registers:
+    return pl.run_state(lambda acc_ref: plgpu.wgmma(acc_ref, a, b))(
+        plgpu.ACC.init(acc))
+  ab, = _matmuls(acc.shape, (a, b))
+  return acc + ab
 
 
 def _where_visible(cfg: Config, x, offset, key_major, fill):
@@ -208,17 +252,21 @@ def _query_program(cfg: Config):
 
 
 def _stream_key_tiles(cfg: Config, step, compute, lo, hi, k_SxD, v_SxD):
-  """Runs ``step(idx, k_tile, v_tile, carry)`` in the compute warpgroups
-  over key/value tiles ``[lo, hi)`` of ``k_SxD``/``v_SxD``, which the
-  memory warpgroup streams by TMA into ``cfg.stages`` slots; ``compute``
-  is the compute warpgroups' context (it calls the pipeline with the
-  initial carry). The forward's and the dQ kernel's loop."""
+  """Runs ``step(idx, k_tile, v_tile, k_consumed, v_consumed, carry)`` in
+  the compute warpgroups over key/value tiles ``[lo, hi)`` of
+  ``k_SxD``/``v_SxD``, which the memory warpgroup streams by TMA into
+  ``cfg.stages`` slots; each warpgroup arrives on ``k_consumed`` and
+  ``v_consumed`` once done with that tile (then its slot refills, before
+  the step ends). ``compute`` is the compute warpgroups' context (it calls
+  the pipeline with the initial carry). The forward's and the dQ kernel's
+  loop."""
   spec = plgpu.BlockSpec((cfg.bk, cfg.D), lambda j: (lo + j, 0),
                          transforms=_TILED)
   plgpu.emit_pipeline_warp_specialized(
       step, grid=(hi - lo,), memory_registers=40, in_specs=[spec, spec],
       max_concurrent_steps=cfg.stages, wg_axis="wg",
-      num_compute_wgs=cfg.warpgroups, compute_context=compute)(k_SxD, v_SxD)
+      num_compute_wgs=cfg.warpgroups, manual_consumed_barriers=True,
+      compute_context=compute)(k_SxD, v_SxD)
 
 
 def _block_range(blocks, cfg, start, size, tile):
@@ -233,7 +281,7 @@ def _block_range(blocks, cfg, start, size, tile):
 
 
 def _fwd_kernel(cfg: Config, q_ref, k_ref, v_ref, out_ref, lse_ref, q_smem,
-                p_smem, lse_smem, bar, turn):
+                lse_smem, bar, turn, p_staging):
   bq, bk, D, W, dtype = cfg.bq, cfg.bk, cfg.D, cfg.warpgroups, q_ref.dtype
   i, h, b = _query_program(cfg), lax.axis_index("h"), lax.axis_index("b")
   kh = lax.div(h, jnp.int32(cfg.groups))
@@ -275,16 +323,16 @@ def _fwd_kernel(cfg: Config, q_ref, k_ref, v_ref, out_ref, lse_ref, q_smem,
     plgpu.copy_smem_to_gmem(lse_tile, lse_ref.at[b, h, rows])
     plgpu.wait_smem_to_gmem(0)
 
-  def step(idx, k_smem, v_smem, carry):
+  def step(idx, k_smem, v_smem, k_consumed, v_consumed, carry):
     m, l, acc = carry
     w = lax.axis_index("wg")
-    p_tile = p_smem.at[w]
 
     def logits(acc_ref):
       plgpu.wgmma(acc_ref, q_smem.at[w], k_smem.transpose((1, 0)))
       take_turns()
       return acc_ref[...]
     s = pl.run_scoped(logits, plgpu.ACC((bq, bk), jnp.float32))
+    plgpu.barrier_arrive(k_consumed)  # the next key tile can stream in
     offset = (i * W + w) * bq - (lo + idx[0]) * bk
     s = _where_visible(cfg, s * (cfg.scale * _common.LOG2E), offset,
                        key_major=False, fill=_common.MASKED)
@@ -295,11 +343,12 @@ def _fwd_kernel(cfg: Config, q_ref, k_ref, v_ref, out_ref, lse_ref, q_smem,
     # sums exp2(0) = 1 per masked key; its first visible key wipes that
     # (alpha = exp2(MASKED - m_new) = 0), and every row has one.
     l = l * alpha + p.sum(axis=1)
-    p_tile[...] = p.astype(dtype)
-    plgpu.commit_smem()
+    acc = acc * lax.broadcast_in_dim(alpha, (bq, D), [0])
+    p = _lhs(p.astype(dtype), p_staging)
     take_turns()
-    pv, = _matmuls((bq, D), (p_tile, v_smem))  # waits: the tiles are reused
-    return m_new, l, acc * lax.broadcast_in_dim(alpha, (bq, D), [0]) + pv
+    acc = _accumulate(cfg, acc, p, v_smem)
+    plgpu.barrier_arrive(v_consumed)
+    return m_new, l, acc
 
   _stream_key_tiles(cfg, step, compute, lo, hi, k_ref.at[b, :, kh],
                     v_ref.at[b, :, kh])
@@ -312,9 +361,9 @@ def forward(cfg: Config, q, k, v):
   B, T, H, D = q.shape
   W, bq = cfg.warpgroups, cfg.bq
   scratch = [
-      _smem((W, bq, D), q.dtype), _smem((W, bq, cfg.bk), q.dtype),
-      plgpu.SMEM((W, bq), jnp.float32), plgpu.Barrier(num_barriers=W),
-      plgpu.Barrier(num_arrivals=W)]
+      _smem((W, bq, D), q.dtype), plgpu.SMEM((W, bq), jnp.float32),
+      plgpu.Barrier(num_barriers=W), plgpu.Barrier(num_arrivals=W),
+      _staging(cfg, (bq, cfg.bk), q.dtype)]
   return plgpu.kernel(
       _named("flash_attention_fwd_mgpu", _fwd_kernel, cfg),
       out_type=(q, jax.ShapeDtypeStruct((B, H, T), jnp.float32)),
@@ -334,7 +383,8 @@ def forward(cfg: Config, q, k, v):
 
 
 def _dq_kernel(cfg: Config, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
-               dq_ref, q_smem, do_smem, lse_smem, delta_smem, ds_smem, bar):
+               dq_ref, q_smem, do_smem, lse_smem, delta_smem, bar,
+               ds_staging):
   bq, bk, D, W, dtype = cfg.bq, cfg.bk, cfg.D, cfg.warpgroups, q_ref.dtype
   i, h, b = _query_program(cfg), lax.axis_index("h"), lax.axis_index("b")
   kh = lax.div(h, jnp.int32(cfg.groups))
@@ -364,20 +414,19 @@ def _dq_kernel(cfg: Config, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
     plgpu.copy_smem_to_gmem(mine[0], dq_ref.at[b, rows, h])
     plgpu.wait_smem_to_gmem(0)
 
-  def step(idx, k_smem, v_smem, carry):
+  def step(idx, k_smem, v_smem, k_consumed, v_consumed, carry):
     lse, delta, dq_acc = carry
     w = lax.axis_index("wg")
-    q_tile, do_tile, ds_tile = q_smem.at[w], do_smem.at[w], ds_smem.at[w]
-    s, dp = _matmuls((bq, bk), (q_tile, k_smem.transpose((1, 0))),
-                     (do_tile, v_smem.transpose((1, 0))))
+    s, dp = _matmuls((bq, bk), (q_smem.at[w], k_smem.transpose((1, 0))),
+                     (do_smem.at[w], v_smem.transpose((1, 0))))
+    plgpu.barrier_arrive(v_consumed)  # V's one use
     offset = (i * W + w) * bq - (lo + idx[0]) * bk
     _, ds = _probs_and_dlogits(
         cfg, s, dp, lax.broadcast_in_dim(lse, (bq, bk), [0]),
         lax.broadcast_in_dim(delta, (bq, bk), [0]), offset, key_major=False)
-    ds_tile[...] = ds.astype(dtype)
-    plgpu.commit_smem()
-    plgpu.wgmma(dq_acc, ds_tile, k_smem)
-    plgpu.wgmma_wait(0)  # k_smem and ds_tile are reused after this step
+    plgpu.wgmma(dq_acc, _lhs(ds.astype(dtype), ds_staging), k_smem)
+    plgpu.wgmma_wait(0)  # before k_smem (and a staging tile) is reused
+    plgpu.barrier_arrive(k_consumed)
     return carry
 
   _stream_key_tiles(cfg, step, compute, lo, hi, k_ref.at[b, :, kh],
@@ -390,8 +439,8 @@ def _dq_call(cfg: Config, q, k, v, do, lse, delta):
   scratch = [
       _smem((W, bq, D), q.dtype), _smem((W, bq, D), q.dtype),
       plgpu.SMEM((W, bq), jnp.float32), plgpu.SMEM((W, bq), jnp.float32),
-      _smem((W, bq, cfg.bk), q.dtype),
-      (plgpu.Barrier(num_barriers=W),) * 4]
+      (plgpu.Barrier(num_barriers=W),) * 4,
+      _staging(cfg, (bq, cfg.bk), q.dtype)]
   return plgpu.kernel(
       _named("flash_attention_dq_mgpu", _dq_kernel, cfg), out_type=q,
       scratch_types=scratch,
@@ -409,7 +458,8 @@ def _dq_call(cfg: Config, q, k, v, do, lse, delta):
 
 
 def _dkdv_kernel(cfg: Config, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
-                 dk_ref, dv_ref, k_smem, v_smem, p_smem, ds_smem, bar):
+                 dk_ref, dv_ref, k_smem, v_smem, bar, p_staging,
+                 ds_staging):
   bq, bk, D, G, W = cfg.bq, cfg.bk, cfg.D, cfg.groups, cfg.warpgroups
   dtype = k_ref.dtype
   j, kh, b = (lax.axis_index(n) for n in ("k", "kh", "b"))
@@ -441,7 +491,6 @@ def _dkdv_kernel(cfg: Config, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
     dk_acc, dv_acc = carry
     w = lax.axis_index("wg")
     k_tile, v_tile = k_smem.at[w], v_smem.at[w]
-    p_tile, ds_tile = p_smem.at[w], ds_smem.at[w]
     s_t, dp_t = _matmuls((bk, bq), (k_tile, q_tile.transpose((1, 0))),
                          (v_tile, do_tile.transpose((1, 0))))
     col_vec = plgpu.Layout.WGMMA.reduce(0)
@@ -451,12 +500,9 @@ def _dkdv_kernel(cfg: Config, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
     p_t, ds_t = _probs_and_dlogits(
         cfg, s_t, dp_t, lax.broadcast_in_dim(lse, (bk, bq), [1]),
         lax.broadcast_in_dim(delta, (bk, bq), [1]), offset, key_major=True)
-    p_tile[...] = p_t.astype(dtype)
-    ds_tile[...] = ds_t.astype(dtype)
-    plgpu.commit_smem()
-    plgpu.wgmma(dv_acc, p_tile, do_tile)
-    plgpu.wgmma(dk_acc, ds_tile, q_tile)
-    plgpu.wgmma_wait(0)  # the streamed and staging tiles are reused
+    plgpu.wgmma(dv_acc, _lhs(p_t.astype(dtype), p_staging), do_tile)
+    plgpu.wgmma(dk_acc, _lhs(ds_t.astype(dtype), ds_staging), q_tile)
+    plgpu.wgmma_wait(0)  # the streamed (and staging) tiles are reused
     return carry
 
   q_spec = plgpu.BlockSpec((bq, None, D),
@@ -483,8 +529,9 @@ def _dkdv_call(cfg: Config, q, k, v, do, lse, delta):
   W, bk = cfg.warpgroups, cfg.bk
   scratch = [
       _smem((W, bk, D), k.dtype), _smem((W, bk, D), k.dtype),
-      _smem((W, bk, cfg.bq), k.dtype), _smem((W, bk, cfg.bq), k.dtype),
-      (plgpu.Barrier(num_barriers=W),) * 2]
+      (plgpu.Barrier(num_barriers=W),) * 2,
+      _staging(cfg, (bk, cfg.bq), k.dtype),
+      _staging(cfg, (bk, cfg.bq), k.dtype)]
   return plgpu.kernel(
       _named("flash_attention_dkdv_mgpu", _dkdv_kernel, cfg), out_type=(k, v),
       scratch_types=scratch, grid=(S // (W * bk), K, B),

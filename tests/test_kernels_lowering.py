@@ -145,8 +145,10 @@ def test_flash_attention_fwd_and_bwd_lower_to_triton(compiled_pallas, opts):
 
 @pytest.mark.parametrize("sides, calls", [
     (dict(bwd="mosaic_gpu"), (1, 2)), (dict(fwd="mosaic_gpu"), (2, 1)),
-    (dict(fwd="mosaic_gpu", bwd="mosaic_gpu"), (0, 3))],
-    ids=["bwd", "fwd", "both"])
+    (dict(fwd="mosaic_gpu", bwd="mosaic_gpu"), (0, 3)),
+    (dict(fwd="mosaic_gpu", bwd="mosaic_gpu", register_operands_mgpu=False),
+     (0, 3))],
+    ids=["bwd", "fwd", "both", "both_staged"])
 @pytest.mark.parametrize("window", [None, 1024])
 def test_mgpu_kernels_lower_to_hopper_kernels(compiled_pallas, window, sides,
                                               calls):
@@ -165,15 +167,19 @@ def test_mgpu_kernels_lower_to_hopper_kernels(compiled_pallas, window, sides,
                      _spec((B, T, K, D))) == calls
 
 
-@pytest.mark.parametrize("flag, fwd, bwd", [
-    ("longest_first_mgpu", dict(longest_first=True), dict(longest_first=True)),
-    ("pingpong_fwd_mgpu", dict(pingpong=True), {})])
+@pytest.mark.parametrize("flag, value, fwd, bwd", [
+    ("longest_first_mgpu", True, dict(longest_first=True),
+     dict(longest_first=True)),
+    ("pingpong_fwd_mgpu", True, dict(pingpong=True), {}),
+    ("register_operands_mgpu", False, dict(register_operands=False),
+     dict(register_operands=False))])
 def test_mgpu_schedule_flags_reach_the_kernels(compiled_pallas, monkeypatch,
-                                               flag, fwd, bwd):
+                                               flag, value, fwd, bwd):
   """AttentionBlockSizes' schedule switches (timed by the benchmark's A/Bs)
-  reach the Hopper kernels' configs: longest-first both sides, ping-pong
-  the forward only. (The lowered modules cannot tell: jax 0.11's Mosaic
-  GPU kernel hash differs between identical lowerings.)"""
+  reach the Hopper kernels' configs: longest-first and register operands
+  both sides, ping-pong the forward only. (The lowered modules cannot tell:
+  jax 0.11's Mosaic GPU kernel hash differs between identical
+  lowerings.)"""
   from agentic_rl.kernels import flash_mgpu  # pylint: disable=import-outside-toplevel
   seen = {}
 
@@ -195,7 +201,8 @@ def test_mgpu_schedule_flags_reach_the_kernels(compiled_pallas, monkeypatch,
     return dict(seen)
   plain = configs()
   assert not any(c.longest_first or c.pingpong for c in plain.values())
-  changed = configs(**{flag: True})
+  assert all(c.register_operands and c.in_registers for c in plain.values())
+  changed = configs(**{flag: value})
   for side, fields in (("fwd", fwd), ("bwd", bwd)):
     assert changed[side] == dataclasses.replace(plain[side], **fields)
 
