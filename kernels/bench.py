@@ -24,7 +24,8 @@ at the default tiles (with ``--ab_base``'s fields changed, a JSON object)
 with ``FIELD`` set to each value, timed in interleaved rounds (:func:`ab`).
 On a GPU the attention rows also time the Mosaic GPU (Hopper) kernels:
 ``pallas_mgpu`` (``fwd`` and ``bwd="mosaic_gpu"``) and, in fwd+bwd,
-``pallas_mgpu_bwd`` (the Triton forward with the Mosaic GPU backward).
+``pallas_mgpu_bwd`` (the Triton forward with the Mosaic GPU backward) and
+``pallas_mgpu_fused_dq`` (both Mosaic GPU, dQ from the dK/dV kernel).
 
 ``--tune`` times the Pallas implementation alone over its tile sizes instead:
 one pass of coordinate search per case over :data:`TUNE_GRIDS` (Triton) or
@@ -186,12 +187,14 @@ def _attention_cases(backend, B, T, H, K, D, window, dtype):
   if backend == "triton" and jax.default_backend() == "gpu":
     # The Hopper kernels beside the Triton ones: the Mosaic GPU forward, and
     # fwd+bwd with the Mosaic GPU backward after the Triton forward
-    # (pallas_mgpu_bwd) or after its own (pallas_mgpu).
+    # (pallas_mgpu_bwd) or after its own (pallas_mgpu), and with fused dQ.
     mgpu = kernels.AttentionBlockSizes(fwd="mosaic_gpu", bwd="mosaic_gpu")
     fwd.fns["pallas_mgpu"] = fwd.pallas_with(mgpu)
     fwd_bwd.fns["pallas_mgpu_bwd"] = fwd_bwd.pallas_with(
         kernels.AttentionBlockSizes(bwd="mosaic_gpu"))
     fwd_bwd.fns["pallas_mgpu"] = fwd_bwd.pallas_with(mgpu)
+    fwd_bwd.fns["pallas_mgpu_fused_dq"] = fwd_bwd.pallas_with(
+        dataclasses.replace(mgpu, fused_dq_mgpu=True))
   return [fwd, fwd_bwd]
 
 

@@ -96,7 +96,12 @@ class AttentionBlockSizes:
   matmuls, and the forward accumulates ``P V`` in place (as
   FlashAttention-3 and jax's Mosaic GPU attention do); False stages them
   through shared memory, as the interpreter always does (it models wgmma
-  on shared-memory operands only). Tested in Pallas' GPU
+  on shared-memory operands only). ``fused_dq_mgpu``: the backward is one
+  kernel, FlashAttention-3's: the dK/dV kernel also adds each step's dQ
+  terms into an fp32 buffer by TMA reduce-adds (5 tile matmuls per block
+  pair instead of 7; dQ's summation order then varies from run to run;
+  head_dim a multiple of 64 x ``warpgroups_mgpu``; to time, off by
+  default). Tested in Pallas' GPU
   interpreter and compiled for an H200 on CPU (:mod:`aot`); not yet run or
   timed on a GPU.
   """
@@ -123,6 +128,7 @@ class AttentionBlockSizes:
   longest_first_mgpu: bool = False
   pingpong_fwd_mgpu: bool = False
   register_operands_mgpu: bool = True
+  fused_dq_mgpu: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -701,7 +707,8 @@ def _mosaic_config(q, k, blocks: AttentionBlockSizes, side: str, *, causal,
       raise ValueError(f"{op}: {name} must be >= 1, got {value}")
   reason = flash_mgpu.unsupported(
       q.shape, k.shape, q.dtype, has_segments=segment_ids is not None,
-      softcap=softcap, bq=bq, bk=bk, warpgroups=warpgroups)
+      softcap=softcap, bq=bq, bk=bk, warpgroups=warpgroups,
+      fused_dq=side == "bwd" and blocks.fused_dq_mgpu)
   if reason:
     raise ValueError(f"{op} {reason}; {side}='triton' covers every case")
   if interpret and not flash_mgpu.CAN_INTERPRET:
@@ -712,4 +719,5 @@ def _mosaic_config(q, k, blocks: AttentionBlockSizes, side: str, *, causal,
       stages=stages, warpgroups=warpgroups, interpret=interpret,
       longest_first=blocks.longest_first_mgpu,
       pingpong=side == "fwd" and blocks.pingpong_fwd_mgpu,
-      register_operands=blocks.register_operands_mgpu)
+      register_operands=blocks.register_operands_mgpu,
+      fused_dq=side == "bwd" and blocks.fused_dq_mgpu)

@@ -20,6 +20,12 @@ algebra on them (one's softmax can overlap another's matmuls):
     of its key/value head):
       S^T = K Q_i^T,  dP^T = V dO_i^T,  P^T, dS^T as above
       dV += P^T dO_i,  dK += dS^T Q_i                (dK = scale * sum)
+      (fused_dq: also dQ_i += dS K_j, added to dQ in memory)
+
+With ``fused_dq`` (FlashAttention-3's backward) there is no dQ kernel: the
+dK/dV kernel's warpgroups share their ``dS^T`` tiles each step, and each
+adds ``dS K`` for a slice of dQ's columns into an fp32 buffer by TMA
+reduce-add (:func:`_add_dq`), 5 tile matmuls per block pair instead of 7.
 
 ``lse`` is the base-2 log-sum-exp of the scaled logits (the Triton kernels'
 convention, so either family's forward feeds either backward) and ``delta
@@ -98,6 +104,7 @@ class Config:
   longest_first: bool = False  # query-major kernels: last query tiles first
   pingpong: bool = False  # forward: alternate the warpgroups' matmuls
   register_operands: bool = True  # P, dS feed wgmma from registers
+  fused_dq: bool = False  # backward: dQ from the dK/dV kernel (TMA adds)
   softcap: None = None  # the fields attention_rules reads
   has_segments: bool = False
 
@@ -115,8 +122,9 @@ class Config:
 
 
 def unsupported(q_shape, k_shape, dtype, *, has_segments, softcap,
-                bq: int, bk: int, warpgroups: int) -> str | None:
-  """Why the Mosaic GPU backward cannot run this case, or None."""
+                bq: int, bk: int, warpgroups: int,
+                fused_dq: bool = False) -> str | None:
+  """Why the Mosaic GPU kernels cannot run this case, or None."""
   _, T, _, D = q_shape
   S = k_shape[1]
   if jnp.dtype(dtype) not in [jnp.dtype(d) for d in DTYPES]:
@@ -134,19 +142,24 @@ def unsupported(q_shape, k_shape, dtype, *, has_segments, softcap,
     if b % TILE or T % (b * warpgroups):
       return (f"needs the length {T} to be a multiple of {warpgroups} "
               f"(warpgroups) x the {name} tile {b}, a multiple of {TILE}")
+  if fused_dq and D % (TILE * warpgroups):
+    return (f"with fused dQ needs head_dim a multiple of {TILE} x "
+            f"{warpgroups} (warpgroups: each adds a slice of dQ's columns), "
+            f"got {D}")
   return None
 
 
 def make_config(q_shape, k_shape, *, causal, window, bq, bk, stages,
                 warpgroups, interpret, longest_first=False,
-                pingpong=False, register_operands=True) -> Config:
+                pingpong=False, register_operands=True,
+                fused_dq=False) -> Config:
   _, T, H, D = q_shape
   S, K = k_shape[1], k_shape[2]
   return Config(causal=causal, window=window, scale=float(D) ** -0.5,
                 T=T, S=S, Sp=S, D=D, groups=H // K, bq=bq, bk=bk,
                 stages=stages, warpgroups=warpgroups, interpret=interpret,
                 longest_first=longest_first, pingpong=pingpong,
-                register_operands=register_operands)
+                register_operands=register_operands, fused_dq=fused_dq)
 
 
 # --------------------------------------------------------------------------
@@ -364,14 +377,10 @@ def forward(cfg: Config, q, k, v):
       _smem((W, bq, D), q.dtype), plgpu.SMEM((W, bq), jnp.float32),
       plgpu.Barrier(num_barriers=W), plgpu.Barrier(num_arrivals=W),
       _staging(cfg, (bq, cfg.bk), q.dtype)]
-  return plgpu.kernel(
-      _named("flash_attention_fwd_mgpu", _fwd_kernel, cfg),
+  return _launch(
+      cfg, "flash_attention_fwd_mgpu", _fwd_kernel,
       out_type=(q, jax.ShapeDtypeStruct((B, H, T), jnp.float32)),
-      scratch_types=scratch,
-      grid=(T // (W * bq), H, B), grid_names=("q", "h", "b"),
-      num_threads=W + 1, thread_name="wg",
-      compiler_params=plgpu.CompilerParams(approx_math=True),
-      interpret=_interpret(cfg),
+      scratch=scratch, grid=(T // (W * bq), H, B), grid_names=("q", "h", "b"),
   )(q, k, v)
 
 
@@ -441,13 +450,9 @@ def _dq_call(cfg: Config, q, k, v, do, lse, delta):
       plgpu.SMEM((W, bq), jnp.float32), plgpu.SMEM((W, bq), jnp.float32),
       (plgpu.Barrier(num_barriers=W),) * 4,
       _staging(cfg, (bq, cfg.bk), q.dtype)]
-  return plgpu.kernel(
-      _named("flash_attention_dq_mgpu", _dq_kernel, cfg), out_type=q,
-      scratch_types=scratch,
-      grid=(T // (W * bq), H, B), grid_names=("q", "h", "b"),
-      num_threads=W + 1, thread_name="wg",
-      compiler_params=plgpu.CompilerParams(approx_math=True),
-      interpret=_interpret(cfg),
+  return _launch(
+      cfg, "flash_attention_dq_mgpu", _dq_kernel, out_type=q,
+      scratch=scratch, grid=(T // (W * bq), H, B), grid_names=("q", "h", "b"),
   )(q, k, v, do, lse, delta)
 
 
@@ -458,8 +463,9 @@ def _dq_call(cfg: Config, q, k, v, do, lse, delta):
 
 
 def _dkdv_kernel(cfg: Config, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
-                 dk_ref, dv_ref, k_smem, v_smem, bar, p_staging,
-                 ds_staging):
+                 *refs):
+  *dq_ref, dk_ref, dv_ref, k_smem, v_smem, bar, p_staging, ds_staging, \
+      dq_scratch = refs
   bq, bk, D, G, W = cfg.bq, cfg.bk, cfg.D, cfg.groups, cfg.warpgroups
   dtype = k_ref.dtype
   j, kh, b = (lax.axis_index(n) for n in ("k", "kh", "b"))
@@ -501,7 +507,12 @@ def _dkdv_kernel(cfg: Config, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
         cfg, s_t, dp_t, lax.broadcast_in_dim(lse, (bk, bq), [1]),
         lax.broadcast_in_dim(delta, (bk, bq), [1]), offset, key_major=True)
     plgpu.wgmma(dv_acc, _lhs(p_t.astype(dtype), p_staging), do_tile)
-    plgpu.wgmma(dk_acc, _lhs(ds_t.astype(dtype), ds_staging), q_tile)
+    ds_t = ds_t.astype(dtype)
+    plgpu.wgmma(dk_acc, _lhs(ds_t, ds_staging), q_tile)
+    if cfg.fused_dq:
+      i, g = _q_index(lo, n, idx[0])
+      _add_dq(cfg, ds_t, idx[0], k_smem, dq_scratch, dq_ref[0].at[
+          lax.rem(j, dq_ref[0].shape[0]), b, pl.ds(i * bq, bq), kh * G + g])
     plgpu.wgmma_wait(0)  # the streamed (and staging) tiles are reused
     return carry
 
@@ -519,38 +530,88 @@ def _dkdv_kernel(cfg: Config, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
            lse_ref.at[b, heads], delta_ref.at[b, heads])
 
 
+def _add_dq(cfg: Config, ds_t, m, k_smem, scratch, dq_TxD):
+  """Fused dQ (FlashAttention-3's): ``dq_TxD[:, cols_w] += dS K[:, cols_w]``
+  for this step's query tile, over the program's ``W`` key tiles, by a TMA
+  reduce-add from shared memory (fp32; the interpreter, which has no TMA
+  reductions, writes a slot of its own per program instead, summed after).
+
+  Every compute warpgroup puts its ``dS^T`` tile (``ds_t``, 16-bit
+  ``[bk, bq]``) in slot ``m % 2`` of the shared ``ds_WxKxQ`` tiles, and
+  they meet at a barrier; warpgroup ``w`` then multiplies all of them by
+  its ``D / W`` columns of the key tiles, so the ``W`` warpgroups split
+  the work and each adds a distinct slice. Two slots: a warpgroup writing
+  step ``m + 2``'s tile has passed step ``m + 1``'s barrier, so every
+  warpgroup has finished reading step ``m``'s."""
+  ds_2xWxKxQ, dq_WxQxC, ready = scratch
+  W, D, bq = cfg.warpgroups, cfg.D, cfg.bq
+  cols = D // W
+  w, slot = lax.axis_index("wg"), lax.rem(m, 2)
+  ds_2xWxKxQ.at[slot, w][...] = ds_t
+  plgpu.commit_smem()
+  plgpu.barrier_arrive(ready.at[slot])
+  plgpu.barrier_wait(ready.at[slot])
+  for c in range(W):  # static column slices of the swizzled key tiles
+    @pl.when(w == c)
+    def _():
+      def part(acc_ref):
+        for u in range(W):
+          plgpu.wgmma(acc_ref, ds_2xWxKxQ.at[slot, u].transpose((1, 0)),
+                      k_smem.at[u, :, pl.ds(c * cols, cols)])
+        return acc_ref[...]
+      dq = pl.run_scoped(part, plgpu.ACC((bq, cols), jnp.float32))
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last step's is read
+      dq_WxQxC.at[c][...] = dq
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(
+          dq_WxQxC.at[c], dq_TxD.at[:, pl.ds(c * cols, cols)],
+          reduction_op=None if cfg.interpret else "add")
+
+
 def _q_index(lo, n, m):
   """dK/dV pipeline step ``m`` -> (query tile, query head in the group)."""
   return lo + lax.rem(m, n), lax.div(m, n)
 
 
-def _dkdv_call(cfg: Config, q, k, v, do, lse, delta):
+def _dkdv_call(cfg: Config, q, k, v, do, lse, delta, *dq_ref):
   B, S, K, D = k.shape
-  W, bk = cfg.warpgroups, cfg.bk
+  W, bk, bq = cfg.warpgroups, cfg.bk, cfg.bq
+  dq_scratch = () if not cfg.fused_dq else (
+      _smem((2, W, bk, bq), k.dtype),
+      plgpu.SMEM((W, bq, D // W), jnp.float32,
+                 transforms=(plgpu.TilingTransform((8, 32)),
+                             plgpu.SwizzleTransform(128))),
+      plgpu.Barrier(num_arrivals=W, num_barriers=2))
   scratch = [
       _smem((W, bk, D), k.dtype), _smem((W, bk, D), k.dtype),
       (plgpu.Barrier(num_barriers=W),) * 2,
-      _staging(cfg, (bk, cfg.bq), k.dtype),
-      _staging(cfg, (bk, cfg.bq), k.dtype)]
-  return plgpu.kernel(
-      _named("flash_attention_dkdv_mgpu", _dkdv_kernel, cfg), out_type=(k, v),
-      scratch_types=scratch, grid=(S // (W * bk), K, B),
-      grid_names=("k", "kh", "b"), num_threads=W + 1, thread_name="wg",
+      _staging(cfg, (bk, bq), k.dtype),
+      _staging(cfg, (bk, bq), k.dtype), dq_scratch]
+  return _launch(
+      cfg, "flash_attention_dkdv_mgpu", _dkdv_kernel, out_type=(k, v),
+      scratch=scratch, grid=(S // (W * bk), K, B),
+      grid_names=("k", "kh", "b"),
+  )(q, k, v, do, lse, delta, *dq_ref)
+
+
+def _launch(cfg: Config, name: str, kernel, *, out_type, scratch, grid,
+            grid_names):
+  """``kernel(cfg, *inputs, *outputs, *scratch)`` as a Mosaic GPU kernel
+  called ``name`` (ptxas, profilers and :mod:`aot` report it) over
+  ``grid``, with ``cfg.warpgroups`` compute warpgroups and a memory one
+  (axis "wg") sharing the ``scratch`` allocations. What ``plgpu.kernel``
+  does, through ``pl.kernel``: in jax 0.10 only that takes a Ref input (the
+  fused-dQ buffer) inside a custom_vjp."""
+  mesh = plgpu.Mesh(grid=grid, grid_names=grid_names,
+                    num_threads=cfg.warpgroups + 1, thread_name="wg")
+
+  def body(*refs):
+    pl.run_scoped(functools.partial(kernel, cfg, *refs), *scratch,
+                  collective_axes="wg")
+  return pl.kernel(
+      body, out_type=out_type, mesh=mesh, name=name,
       compiler_params=plgpu.CompilerParams(approx_math=True),
-      interpret=_interpret(cfg),
-  )(q, k, v, do, lse, delta)
-
-
-def _named(name: str, kernel, cfg: Config):
-  """``kernel(cfg, ...)`` called ``name``: Pallas names a Mosaic GPU kernel
-  after its body, and ptxas, profilers and :mod:`aot` report that name."""
-  body = functools.partial(kernel, cfg)
-  body.__name__ = name
-  return body
-
-
-def _interpret(cfg: Config):
-  return plgpu.InterpretGPUParams() if cfg.interpret else None
+      interpret=plgpu.InterpretGPUParams() if cfg.interpret else False)
 
 
 def backward(cfg: Config, q, k, v, d_out, lse_BxHxT, delta_BxHxT):
@@ -561,6 +622,14 @@ def backward(cfg: Config, q, k, v, d_out, lse_BxHxT, delta_BxHxT):
   """
   T = q.shape[1]
   lse = lse_BxHxT[:, :, :T]
-  dq = _dq_call(cfg, q, k, v, d_out, lse, delta_BxHxT)
-  dk, dv = _dkdv_call(cfg, q, k, v, d_out, lse, delta_BxHxT)
+  if not cfg.fused_dq:
+    dq = _dq_call(cfg, q, k, v, d_out, lse, delta_BxHxT)
+    dk, dv = _dkdv_call(cfg, q, k, v, d_out, lse, delta_BxHxT)
+    return dq, dk, dv
+  # The dK/dV programs add their dQ terms into one fp32 buffer (a Ref, so
+  # the kernel updates it in place); interpreted, each writes its own.
+  programs = cfg.S // (cfg.warpgroups * cfg.bk) if cfg.interpret else 1
+  dq_ref = jax.new_ref(jnp.zeros((programs, *q.shape), jnp.float32))
+  dk, dv = _dkdv_call(cfg, q, k, v, d_out, lse, delta_BxHxT, dq_ref)
+  dq = (dq_ref[...].sum(axis=0) * cfg.scale).astype(q.dtype)
   return dq, dk, dv

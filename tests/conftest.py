@@ -6,12 +6,24 @@ process per ablation arm. A cache directory shared by the xdist workers and
 their subprocesses (through ``JAX_COMPILATION_CACHE_DIR``) lets a later
 compilation load what an earlier one built. It lives in the run's pytest
 temporary directory, so every run starts empty and pytest removes old ones.
+
+It also sizes XLA:CPU's thread pool for Pallas' GPU interpreter (jax >=
+0.11), before any backend starts: the interpreter runs each simulated
+warpgroup as a computation that holds a pool thread while it waits on a
+barrier, and the pool has one thread per core (``NPROC`` overrides that).
+On a 2-core machine, the two compute warpgroups and the memory warpgroup of
+a Hopper kernel that shares its executable with another kernel then wait
+for each other forever (the fused-dQ backward's step barrier did, under
+``jax.grad``; it passes with ``NPROC=8``).
 """
 
 import os
 
 import jax
 import pytest
+
+if jax.__version_info__ >= (0, 11):
+  os.environ.setdefault("NPROC", str(max(8, os.cpu_count() or 1)))
 
 
 @pytest.fixture(scope="session", autouse=True)

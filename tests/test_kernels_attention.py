@@ -176,12 +176,14 @@ def test_bf16_gqa_window_matches_fp32_reference(backend, T):
 # One compute warpgroup here: the interpreter runs each warpgroup as a thread
 # that blocks in XLA:CPU while it waits on a barrier, and three of them
 # (two compute warpgroups and the memory one) starve a 2-core machine's
-# XLA threads when another kernel shares their executable. The tests after
-# this one run two warpgroups in a jit of their own.
+# XLA threads when another kernel shares their executable, unless NPROC
+# enlarges XLA's pool (tests/conftest.py does). The tests after this one run
+# two warpgroups in a jit of their own.
 MGPU = kernels.AttentionBlockSizes(bwd="mosaic_gpu")
 MGPU_SIDES = {
     "bwd": dict(bwd="mosaic_gpu"), "fwd": dict(fwd="mosaic_gpu"),
-    "both": dict(fwd="mosaic_gpu", bwd="mosaic_gpu")}
+    "both": dict(fwd="mosaic_gpu", bwd="mosaic_gpu"),
+    "bwd_fused_dq": dict(bwd="mosaic_gpu", fused_dq_mgpu=True)}
 MGPU_CASES = [
     # (B, T, H, K, D), dtype, options
     ((2, 256, 2, 2, 64), jnp.bfloat16, dict()),
@@ -249,14 +251,19 @@ def test_mgpu_forward_two_warpgroups_interpreted(opts, order):
 
 
 @needs_gpu_interpreter
-@pytest.mark.parametrize("longest_first", [False, True])
+@pytest.mark.parametrize("variant", [{}, dict(longest_first=True),
+                                     dict(fused_dq=True)],
+                         ids=["plain", "longest_first", "fused_dq"])
 @pytest.mark.parametrize("opts", [dict(), dict(sliding_window=127)],
                          ids=["causal", "window"])
-def test_mgpu_backward_two_warpgroups_interpreted(opts, longest_first):
+def test_mgpu_backward_two_warpgroups_interpreted(opts, variant):
   """Two compute warpgroups share the streamed tiles; a tile one of them
-  does not see is masked out in full. The kernels run in their own jit,
-  from the Triton forward's residuals."""
-  B, T, H, K, D = 1, 256, 4, 2, 64
+  does not see is masked out in full. With fused dQ they meet at a barrier
+  every step, share their dS tiles and each add half of dQ's columns
+  (head_dim 128: 64 each). The kernels run in their own jit, from the
+  Triton forward's residuals."""
+  B, T, H, K = 1, 256, 4, 2
+  D = 128 if variant.get("fused_dq") else 64
   q, k, v, ct = _inputs(12, B, T, T, H, K, D, jnp.bfloat16)
   window = opts.get("sliding_window")
   out, lse = _triton_forward(q, k, v, window)
@@ -264,7 +271,7 @@ def test_mgpu_backward_two_warpgroups_interpreted(opts, longest_first):
   delta = flash.row_delta(out, d_out)
   cfg = flash_mgpu.make_config(q.shape, k.shape, causal=True, window=window,
                                bq=64, bk=64, stages=2, warpgroups=2,
-                               interpret=True, longest_first=longest_first)
+                               interpret=True, **variant)
   grads = jax.jit(functools.partial(flash_mgpu.backward, cfg))(
       q, k, v, d_out, lse, delta)
   f32 = [x.astype(jnp.float32) for x in (q, k, v)]
@@ -274,10 +281,37 @@ def test_mgpu_backward_two_warpgroups_interpreted(opts, longest_first):
     _assert_close(g, rg, 1e-2)
 
 
+@needs_gpu_interpreter
+def test_mgpu_fused_dq_matches_the_dq_kernel_interpreted():
+  """Fused dQ changes only how dQ is summed: dK and dV are bit for bit the
+  two-kernel backward's, dQ within a rounding of its bf16 output (GQA 2,
+  window, two warpgroups, two key programs per head)."""
+  B, T, H, K, D = 1, 256, 4, 2, 128
+  q, k, v, ct = _inputs(14, B, T, T, H, K, D, jnp.bfloat16)
+  out, lse = _triton_forward(q, k, v, 100)
+  d_out = ct.astype(q.dtype)
+  delta = flash.row_delta(out, d_out)
+  grads = []
+  for fused in (False, True):
+    cfg = flash_mgpu.make_config(q.shape, k.shape, causal=True, window=100,
+                                 bq=64, bk=64, stages=2, warpgroups=2,
+                                 interpret=True, fused_dq=fused)
+    grads.append(jax.jit(functools.partial(flash_mgpu.backward, cfg))(
+        q, k, v, d_out, lse, delta))
+  (dq, dk, dv), (fused_dq, fused_dk, fused_dv) = grads
+  np.testing.assert_array_equal(fused_dk, dk)
+  np.testing.assert_array_equal(fused_dv, dv)
+  np.testing.assert_allclose(fused_dq.astype(jnp.float32),
+                             dq.astype(jnp.float32), rtol=1e-2, atol=1e-2)
+
+
 # Compiled, the kernels can also stage their register operands in shared
 # memory (what the interpreter always does).
-GPU_MGPU_SIDES = MGPU_SIDES | {"both_staged": dict(
-    fwd="mosaic_gpu", bwd="mosaic_gpu", register_operands_mgpu=False)}
+GPU_MGPU_SIDES = MGPU_SIDES | {
+    "both_staged": dict(fwd="mosaic_gpu", bwd="mosaic_gpu",
+                        register_operands_mgpu=False),
+    "both_fused_dq": dict(fwd="mosaic_gpu", bwd="mosaic_gpu",
+                          fused_dq_mgpu=True)}
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
@@ -317,9 +351,12 @@ def test_gpu_mgpu_kernels_match_fp32_reference(sides, opts):
      "warpgroups_fwd_mgpu must be >= 1"),
     ({}, dict(block_sizes=kernels.AttentionBlockSizes(fwd="cuda")),
      "fwd must be 'triton' or 'mosaic_gpu'"),
+    ({}, dict(block_sizes=kernels.AttentionBlockSizes(
+        bwd="mosaic_gpu", fused_dq_mgpu=True)),
+     r"with fused dQ needs head_dim a multiple of 64 x 2 \(warpgroups"),
 ], ids=["fp32", "segments", "softcap", "cross", "unaligned", "d32",
         "traced_window", "stages", "unknown", "d320", "fwd_segments",
-        "fwd_warpgroups", "fwd_unknown"])
+        "fwd_warpgroups", "fwd_unknown", "fused_dq_d64"])
 def test_mgpu_kernels_refuse_what_they_do_not_cover(change, kwargs, match):
   shape = dict(T=128, S=128, D=64, dtype=jnp.bfloat16) | change
   q, k, v, _ = _inputs(0, 1, shape["T"], shape["S"], 2, 1, shape["D"],

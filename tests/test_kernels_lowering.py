@@ -147,8 +147,9 @@ def test_flash_attention_fwd_and_bwd_lower_to_triton(compiled_pallas, opts):
     (dict(bwd="mosaic_gpu"), (1, 2)), (dict(fwd="mosaic_gpu"), (2, 1)),
     (dict(fwd="mosaic_gpu", bwd="mosaic_gpu"), (0, 3)),
     (dict(fwd="mosaic_gpu", bwd="mosaic_gpu", register_operands_mgpu=False),
-     (0, 3))],
-    ids=["bwd", "fwd", "both", "both_staged"])
+     (0, 3)),
+    (dict(fwd="mosaic_gpu", bwd="mosaic_gpu", fused_dq_mgpu=True), (0, 2))],
+    ids=["bwd", "fwd", "both", "both_staged", "both_fused_dq"])
 @pytest.mark.parametrize("window", [None, 1024])
 def test_mgpu_kernels_lower_to_hopper_kernels(compiled_pallas, window, sides,
                                               calls):
@@ -172,12 +173,13 @@ def test_mgpu_kernels_lower_to_hopper_kernels(compiled_pallas, window, sides,
      dict(longest_first=True)),
     ("pingpong_fwd_mgpu", True, dict(pingpong=True), {}),
     ("register_operands_mgpu", False, dict(register_operands=False),
-     dict(register_operands=False))])
+     dict(register_operands=False)),
+    ("fused_dq_mgpu", True, {}, dict(fused_dq=True))])
 def test_mgpu_schedule_flags_reach_the_kernels(compiled_pallas, monkeypatch,
                                                flag, value, fwd, bwd):
   """AttentionBlockSizes' schedule switches (timed by the benchmark's A/Bs)
   reach the Hopper kernels' configs: longest-first and register operands
-  both sides, ping-pong the forward only. (The lowered modules cannot tell:
+  both sides, ping-pong the forward only, fused dQ the backward only. (The lowered modules cannot tell:
   jax 0.11's Mosaic GPU kernel hash differs between identical
   lowerings.)"""
   from agentic_rl.kernels import flash_mgpu  # pylint: disable=import-outside-toplevel
@@ -200,7 +202,8 @@ def test_mgpu_schedule_flags_reach_the_kernels(compiled_pallas, monkeypatch,
                             argnums=(0, 1, 2)), q, kv, kv)
     return dict(seen)
   plain = configs()
-  assert not any(c.longest_first or c.pingpong for c in plain.values())
+  assert not any(c.longest_first or c.pingpong or c.fused_dq
+                 for c in plain.values())
   assert all(c.register_operands and c.in_registers for c in plain.values())
   changed = configs(**{flag: value})
   for side, fields in (("fwd", fwd), ("bwd", bwd)):
