@@ -486,6 +486,10 @@ def _dkdv_kernel(cfg: Config, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
       return dk_acc[...], dv_acc[...]
     acc = plgpu.ACC((bk, D), jnp.float32)
     dk, dv = pl.run_scoped(run, acc, acc)
+    if cfg.fused_dq:  # the others' last dQ matmuls read this key tile
+      done = dq_scratch[-1]
+      plgpu.barrier_arrive(done)
+      plgpu.barrier_wait(done)
     k_tile[...] = (dk * cfg.scale).astype(dtype)
     v_tile[...] = dv.astype(dtype)
     plgpu.commit_smem()
@@ -537,13 +541,14 @@ def _add_dq(cfg: Config, ds_t, m, k_smem, scratch, dq_TxD):
   reductions, writes a slot of its own per program instead, summed after).
 
   Every compute warpgroup puts its ``dS^T`` tile (``ds_t``, 16-bit
-  ``[bk, bq]``) in slot ``m % 2`` of the shared ``ds_WxKxQ`` tiles, and
+  ``[bk, bq]``) in slot ``m % 2`` of the shared ``ds_2xWxKxQ`` tiles, and
   they meet at a barrier; warpgroup ``w`` then multiplies all of them by
-  its ``D / W`` columns of the key tiles, so the ``W`` warpgroups split
-  the work and each adds a distinct slice. Two slots: a warpgroup writing
-  step ``m + 2``'s tile has passed step ``m + 1``'s barrier, so every
-  warpgroup has finished reading step ``m``'s."""
-  ds_2xWxKxQ, dq_WxQxC, ready = scratch
+  its ``D / W`` columns of all ``W`` key tiles, so the warpgroups split the
+  work and each adds a distinct slice. Two slots: a warpgroup writing step
+  ``m + 2``'s tile has passed step ``m + 1``'s barrier, so every warpgroup
+  has finished reading step ``m``'s. (For the same reason the kernel's
+  epilogue meets at a last barrier before it overwrites its key tile.)"""
+  ds_2xWxKxQ, dq_WxQxC, ready, _ = scratch
   W, D, bq = cfg.warpgroups, cfg.D, cfg.bq
   cols = D // W
   w, slot = lax.axis_index("wg"), lax.rem(m, 2)
@@ -581,7 +586,8 @@ def _dkdv_call(cfg: Config, q, k, v, do, lse, delta, *dq_ref):
       plgpu.SMEM((W, bq, D // W), jnp.float32,
                  transforms=(plgpu.TilingTransform((8, 32)),
                              plgpu.SwizzleTransform(128))),
-      plgpu.Barrier(num_arrivals=W, num_barriers=2))
+      plgpu.Barrier(num_arrivals=W, num_barriers=2),
+      plgpu.Barrier(num_arrivals=W))
   scratch = [
       _smem((W, bk, D), k.dtype), _smem((W, bk, D), k.dtype),
       (plgpu.Barrier(num_barriers=W),) * 2,
