@@ -596,28 +596,36 @@ def _dkdv_call(cfg: Config, q, k, v, do, lse, delta, *dq_ref):
   return _launch(
       cfg, "flash_attention_dkdv_mgpu", _dkdv_kernel, out_type=(k, v),
       scratch=scratch, grid=(S // (W * bk), K, B),
-      grid_names=("k", "kh", "b"),
+      grid_names=("k", "kh", "b"), takes_ref=cfg.fused_dq,
   )(q, k, v, do, lse, delta, *dq_ref)
 
 
 def _launch(cfg: Config, name: str, kernel, *, out_type, scratch, grid,
-            grid_names):
+            grid_names, takes_ref: bool = False):
   """``kernel(cfg, *inputs, *outputs, *scratch)`` as a Mosaic GPU kernel
   called ``name`` (ptxas, profilers and :mod:`aot` report it) over
   ``grid``, with ``cfg.warpgroups`` compute warpgroups and a memory one
-  (axis "wg") sharing the ``scratch`` allocations. What ``plgpu.kernel``
-  does, through ``pl.kernel``: in jax 0.10 only that takes a Ref input (the
-  fused-dQ buffer) inside a custom_vjp."""
-  mesh = plgpu.Mesh(grid=grid, grid_names=grid_names,
-                    num_threads=cfg.warpgroups + 1, thread_name="wg")
+  (axis "wg") sharing the ``scratch`` allocations. ``plgpu.kernel`` does
+  that (and batches under ``jax.vmap``); with ``takes_ref`` (a ``jax.Ref``
+  input the kernel updates: fused dQ's buffer) ``pl.kernel`` does, because
+  in jax 0.10 ``plgpu.kernel`` cannot take a Ref inside a custom_vjp (no
+  vmap then)."""
+  body = functools.partial(kernel, cfg)
+  body.__name__ = name  # plgpu.kernel names the kernel after its body
+  common = dict(compiler_params=plgpu.CompilerParams(approx_math=True),
+                interpret=plgpu.InterpretGPUParams() if cfg.interpret else
+                False)
+  threads = dict(num_threads=cfg.warpgroups + 1, thread_name="wg")
+  if not takes_ref:
+    return plgpu.kernel(body, out_type=out_type, scratch_types=scratch,
+                        grid=grid, grid_names=grid_names, **threads, **common)
 
-  def body(*refs):
-    pl.run_scoped(functools.partial(kernel, cfg, *refs), *scratch,
+  def shared_scratch(*refs):
+    pl.run_scoped(functools.partial(body, *refs), *scratch,
                   collective_axes="wg")
   return pl.kernel(
-      body, out_type=out_type, mesh=mesh, name=name,
-      compiler_params=plgpu.CompilerParams(approx_math=True),
-      interpret=plgpu.InterpretGPUParams() if cfg.interpret else False)
+      shared_scratch, out_type=out_type, name=name,
+      mesh=plgpu.Mesh(grid=grid, grid_names=grid_names, **threads), **common)
 
 
 def backward(cfg: Config, q, k, v, d_out, lse_BxHxT, delta_BxHxT):

@@ -15,6 +15,7 @@ v5p); Mosaic's own compiler, in libtpu, is not run.
 
 import contextlib
 import dataclasses
+import functools
 import re
 
 import jax
@@ -166,6 +167,22 @@ def test_mgpu_kernels_lower_to_hopper_kernels(compiled_pallas, window, sides,
   grads = jax.grad(loss, argnums=(0, 1, 2))
   assert _cuda_calls(grads, _spec((B, T, H, D)), _spec((B, T, K, D)),
                      _spec((B, T, K, D))) == calls
+
+
+def test_mgpu_kernels_lower_under_vmap(compiled_pallas):
+  """``jax.vmap`` over a leading axis batches the Hopper kernels
+  (``plgpu.kernel``'s batching rule adds a grid axis), gradients
+  included."""
+  blocks = kernels.AttentionBlockSizes(fwd="mosaic_gpu", bwd="mosaic_gpu")
+
+  def loss(q, k, v):
+    return jnp.sum(jax.vmap(functools.partial(
+        kernels.flash_attention, block_sizes=blocks))(q, k, v).astype(
+            jnp.float32))
+  grads = jax.grad(loss, argnums=(0, 1, 2))
+  assert _cuda_calls(grads, _spec((3, 1, 256, 4, 128)),
+                     _spec((3, 1, 256, 2, 128)),
+                     _spec((3, 1, 256, 2, 128))) == (0, 3)
 
 
 @pytest.mark.parametrize("flag, value, fwd, bwd", [
