@@ -515,8 +515,9 @@ def _dkdv_kernel(cfg: Config, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref,
     plgpu.wgmma(dk_acc, _lhs(ds_t, ds_staging), q_tile)
     if cfg.fused_dq:
       i, g = _q_index(lo, n, idx[0])
-      _add_dq(cfg, ds_t, idx[0], k_smem, dq_scratch, dq_ref[0].at[
-          lax.rem(j, dq_ref[0].shape[0]), b, pl.ds(i * bq, bq), kh * G + g])
+      part = j if cfg.interpret else 0  # backward(): one slot or one each
+      _add_dq(cfg, ds_t, idx[0], k_smem, dq_scratch,
+              dq_ref[0].at[part, b, pl.ds(i * bq, bq), kh * G + g])
     plgpu.wgmma_wait(0)  # the streamed (and staging) tiles are reused
     return carry
 
