@@ -1,6 +1,9 @@
 """Flash attention: Pallas kernels (interpret mode on CPU) vs references."""
 
 import functools
+import os
+import subprocess
+import sys
 
 import chex
 import jax
@@ -303,6 +306,43 @@ def test_mgpu_fused_dq_matches_the_dq_kernel_interpreted():
   np.testing.assert_array_equal(fused_dv, dv)
   np.testing.assert_allclose(fused_dq.astype(jnp.float32),
                              dq.astype(jnp.float32), rtol=1e-2, atol=1e-2)
+
+
+_FUSED_DQ_UNDER_GRAD = """
+import functools, jax, jax.numpy as jnp, numpy as np
+from agentic_rl import kernels
+from agentic_rl.kernels import reference
+keys = jax.random.split(jax.random.key(15), 4)
+q = jax.random.normal(keys[0], (1, 256, 4, 128), jnp.bfloat16)
+k, v = (jax.random.normal(key, (1, 256, 2, 128), jnp.bfloat16)
+        for key in keys[1:3])
+ct = jax.random.normal(keys[3], q.shape, jnp.float32)
+blocks = kernels.AttentionBlockSizes(bwd="mosaic_gpu", fused_dq_mgpu=True)
+def grads(attend, *qkv):
+  return jax.grad(lambda *x: jnp.sum(attend(*x).astype(jnp.float32) * ct),
+                  argnums=(0, 1, 2))(*qkv)
+got = jax.jit(functools.partial(grads, functools.partial(
+    kernels.flash_attention, block_sizes=blocks)))(q, k, v)
+want = grads(reference.attention, *(x.astype(jnp.float32) for x in (q, k, v)))
+for g, w in zip(got, want):
+  err = float(jnp.max(jnp.abs(g.astype(jnp.float32) - w)) / jnp.max(jnp.abs(w)))
+  assert err < 2e-2, err
+print("ok")
+"""
+
+
+@needs_gpu_interpreter
+def test_mgpu_fused_dq_shares_an_executable_interpreted():
+  """The Triton forward and the fused-dQ backward (two warpgroups) under
+  ``jax.grad`` in one executable: the case whose simulated warpgroups
+  starved XLA:CPU's pool on 2 cores until tests/conftest.py set ``NPROC``
+  (it hung). Run in a subprocess with a time limit, so a hang fails
+  instead of stalling the suite."""
+  proc = subprocess.run([sys.executable, "-c", _FUSED_DQ_UNDER_GRAD],
+                        capture_output=True, text=True, timeout=300,
+                        env=os.environ | {"JAX_PLATFORMS": "cpu"},
+                        check=False)
+  assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
 
 
 # Compiled, the kernels can also stage their register operands in shared
