@@ -196,9 +196,9 @@ def test_mgpu_schedule_flags_reach_the_kernels(compiled_pallas, monkeypatch,
                                                flag, value, fwd, bwd):
   """AttentionBlockSizes' schedule switches (timed by the benchmark's A/Bs)
   reach the Hopper kernels' configs: longest-first and register operands
-  both sides, ping-pong the forward only, fused dQ the backward only. (The lowered modules cannot tell:
-  jax 0.11's Mosaic GPU kernel hash differs between identical
-  lowerings.)"""
+  both sides, ping-pong the forward only, fused dQ the backward only. (The
+  lowered modules cannot tell: jax 0.11's Mosaic GPU kernel hash differs
+  between identical lowerings.)"""
   from agentic_rl.kernels import flash_mgpu  # pylint: disable=import-outside-toplevel
   seen = {}
 
