@@ -702,13 +702,13 @@ def _mosaic_config(q, k, blocks: AttentionBlockSizes, side: str, *, causal,
                        f"{type(sliding_window).__name__}")
     sliding_window = int(sliding_window)
   bq, bk, stages, warpgroups = (getattr(blocks, f) for f in _MGPU_FIELDS[side])
+  fused_dq = side == "bwd" and blocks.fused_dq_mgpu
   for name, value in zip(_MGPU_FIELDS[side][2:], (stages, warpgroups)):
     if value < 1:
       raise ValueError(f"{op}: {name} must be >= 1, got {value}")
   reason = flash_mgpu.unsupported(
       q.shape, k.shape, q.dtype, has_segments=segment_ids is not None,
-      softcap=softcap, bq=bq, bk=bk, warpgroups=warpgroups,
-      fused_dq=side == "bwd" and blocks.fused_dq_mgpu)
+      softcap=softcap, bq=bq, bk=bk, warpgroups=warpgroups, fused_dq=fused_dq)
   if reason:
     raise ValueError(f"{op} {reason}; {side}='triton' covers every case")
   if interpret and not flash_mgpu.CAN_INTERPRET:
@@ -719,5 +719,4 @@ def _mosaic_config(q, k, blocks: AttentionBlockSizes, side: str, *, causal,
       stages=stages, warpgroups=warpgroups, interpret=interpret,
       longest_first=blocks.longest_first_mgpu,
       pingpong=side == "fwd" and blocks.pingpong_fwd_mgpu,
-      register_operands=blocks.register_operands_mgpu,
-      fused_dq=side == "bwd" and blocks.fused_dq_mgpu)
+      register_operands=blocks.register_operands_mgpu, fused_dq=fused_dq)

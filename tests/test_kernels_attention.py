@@ -253,6 +253,19 @@ def test_mgpu_forward_two_warpgroups_interpreted(opts, order):
   _assert_close(out, reference.attention(*f32, **opts), 1e-2)
 
 
+def _interpreted_backward(q, k, v, ct, window, **variant):
+  """``(dq, dk, dv)`` of the causal Hopper backward with two warpgroups and
+  64 x 64 tiles (``variant``: more :func:`flash_mgpu.make_config` fields),
+  interpreted in a jit of its own from the Triton forward's residuals."""
+  out, lse = _triton_forward(q, k, v, window)
+  d_out = ct.astype(q.dtype)
+  cfg = flash_mgpu.make_config(q.shape, k.shape, causal=True, window=window,
+                               bq=64, bk=64, stages=2, warpgroups=2,
+                               interpret=True, **variant)
+  return jax.jit(functools.partial(flash_mgpu.backward, cfg))(
+      q, k, v, d_out, lse, flash.row_delta(out, d_out))
+
+
 @needs_gpu_interpreter
 @pytest.mark.parametrize("variant", [{}, dict(longest_first=True),
                                      dict(fused_dq=True)],
@@ -268,15 +281,8 @@ def test_mgpu_backward_two_warpgroups_interpreted(opts, variant):
   B, T, H, K = 1, 256, 4, 2
   D = 128 if variant.get("fused_dq") else 64
   q, k, v, ct = _inputs(12, B, T, T, H, K, D, jnp.bfloat16)
-  window = opts.get("sliding_window")
-  out, lse = _triton_forward(q, k, v, window)
-  d_out = ct.astype(q.dtype)
-  delta = flash.row_delta(out, d_out)
-  cfg = flash_mgpu.make_config(q.shape, k.shape, causal=True, window=window,
-                               bq=64, bk=64, stages=2, warpgroups=2,
-                               interpret=True, **variant)
-  grads = jax.jit(functools.partial(flash_mgpu.backward, cfg))(
-      q, k, v, d_out, lse, delta)
+  grads = _interpreted_backward(q, k, v, ct, opts.get("sliding_window"),
+                                **variant)
   f32 = [x.astype(jnp.float32) for x in (q, k, v)]
   _, ref_grads = _value_and_grads(
       functools.partial(reference.attention, **opts), *f32, ct)
@@ -291,17 +297,9 @@ def test_mgpu_fused_dq_matches_the_dq_kernel_interpreted():
   window, two warpgroups, two key programs per head)."""
   B, T, H, K, D = 1, 256, 4, 2, 128
   q, k, v, ct = _inputs(14, B, T, T, H, K, D, jnp.bfloat16)
-  out, lse = _triton_forward(q, k, v, 100)
-  d_out = ct.astype(q.dtype)
-  delta = flash.row_delta(out, d_out)
-  grads = []
-  for fused in (False, True):
-    cfg = flash_mgpu.make_config(q.shape, k.shape, causal=True, window=100,
-                                 bq=64, bk=64, stages=2, warpgroups=2,
-                                 interpret=True, fused_dq=fused)
-    grads.append(jax.jit(functools.partial(flash_mgpu.backward, cfg))(
-        q, k, v, d_out, lse, delta))
-  (dq, dk, dv), (fused_dq, fused_dk, fused_dv) = grads
+  dq, dk, dv = _interpreted_backward(q, k, v, ct, 100)
+  fused_dq, fused_dk, fused_dv = _interpreted_backward(q, k, v, ct, 100,
+                                                       fused_dq=True)
   np.testing.assert_array_equal(fused_dk, dk)
   np.testing.assert_array_equal(fused_dv, dv)
   np.testing.assert_allclose(fused_dq.astype(jnp.float32),
