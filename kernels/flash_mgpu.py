@@ -613,7 +613,13 @@ def _launch(cfg: Config, name: str, kernel, *, out_type, scratch, grid,
   vmap then)."""
   body = functools.partial(kernel, cfg)
   body.__name__ = name  # plgpu.kernel names the kernel after its body
-  common = dict(compiler_params=plgpu.CompilerParams(approx_math=True),
+  # No shared memory is reserved for cross-warp reductions (2 KiB by
+  # default, whenever a kernel reduces): the only reductions, the forward's
+  # row max and sum, stay within each warp's rows of the WGMMA layout
+  # (shuffles). The 2 KiB are what a third forward stage of 128-key tiles
+  # lacked.
+  common = dict(compiler_params=plgpu.CompilerParams(
+                    approx_math=True, reduction_scratch_bytes=0),
                 interpret=plgpu.InterpretGPUParams() if cfg.interpret else
                 False)
   threads = dict(num_threads=cfg.warpgroups + 1, thread_name="wg")

@@ -169,6 +169,24 @@ def test_mgpu_kernels_lower_to_hopper_kernels(compiled_pallas, window, sides,
                      _spec((B, T, K, D))) == calls
 
 
+def test_mgpu_forward_fits_three_stages_of_128_key_tiles(compiled_pallas):
+  """Its Q tiles, lse and three stages of 128-key K/V tiles fit an H200's
+  shared memory (232,448 B; Mosaic GPU checks while lowering) because the
+  kernels reserve no cross-warp reduction scratch: its default 2 KiB made
+  them 96 B too many. Four stages do not fit, and the error says so."""
+  def forward(stages):
+    blocks = kernels.AttentionBlockSizes(fwd="mosaic_gpu",
+                                         stages_fwd_mgpu=stages)
+    assert blocks.block_k_fwd_mgpu == 128
+    return _cuda_calls(functools.partial(kernels.flash_attention,
+                                         block_sizes=blocks),
+                       _spec((2, 4096, 8, 128)), _spec((2, 4096, 2, 128)),
+                       _spec((2, 4096, 2, 128)))
+  assert forward(3) == (0, 1)
+  with pytest.raises(ValueError, match="exceeds available shared memory"):
+    forward(4)
+
+
 def test_mgpu_kernels_lower_under_vmap(compiled_pallas):
   """``jax.vmap`` over a leading axis batches the Hopper kernels
   (``plgpu.kernel``'s batching rule adds a grid axis), gradients
