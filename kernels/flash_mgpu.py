@@ -609,8 +609,8 @@ def _launch(cfg: Config, name: str, kernel, *, out_type, scratch, grid,
   (axis "wg") sharing the ``scratch`` allocations. ``plgpu.kernel`` does
   that (and batches under ``jax.vmap``); with ``takes_ref`` (a ``jax.Ref``
   input the kernel updates: fused dQ's buffer) ``pl.kernel`` does, because
-  in jax 0.10 ``plgpu.kernel`` cannot take a Ref inside a custom_vjp (no
-  vmap then)."""
+  in jax 0.10 ``plgpu.kernel`` cannot take a Ref inside a custom_vjp
+  (``pl.kernel`` does not batch: :func:`_fold_vmap`)."""
   body = functools.partial(kernel, cfg)
   body.__name__ = name  # plgpu.kernel names the kernel after its body
   # No shared memory is reserved for cross-warp reductions (2 KiB by
@@ -647,10 +647,40 @@ def backward(cfg: Config, q, k, v, d_out, lse_BxHxT, delta_BxHxT):
     dq = _dq_call(cfg, q, k, v, d_out, lse, delta_BxHxT)
     dk, dv = _dkdv_call(cfg, q, k, v, d_out, lse, delta_BxHxT)
     return dq, dk, dv
+  return _fold_vmap(functools.partial(_fused_backward, cfg))(
+      q, k, v, d_out, lse, delta_BxHxT)
+
+
+def _fused_backward(cfg: Config, q, k, v, d_out, lse, delta):
   # The dK/dV programs add their dQ terms into one fp32 buffer (a Ref, so
-  # the kernel updates it in place); interpreted, each writes its own.
+  # the kernel updates it in place; interpreted, each writes its own).
+  # pl.run_state scopes the Refs, so the function stays pure: custom_vmap
+  # (_fold_vmap) cannot hold a free jax.new_ref. XLA drops the dK/dV zeros.
   programs = cfg.S // (cfg.warpgroups * cfg.bk) if cfg.interpret else 1
-  dq_ref = jax.new_ref(jnp.zeros((programs, *q.shape), jnp.float32))
-  dk, dv = _dkdv_call(cfg, q, k, v, d_out, lse, delta_BxHxT, dq_ref)
-  dq = (dq_ref[...].sum(axis=0) * cfg.scale).astype(q.dtype)
-  return dq, dk, dv
+
+  def run(refs):
+    dq_ref, dk_ref, dv_ref = refs
+    dk_ref[...], dv_ref[...] = _dkdv_call(cfg, q, k, v, d_out, lse, delta,
+                                          dq_ref)
+  dq, dk, dv = pl.run_state(run)((
+      jnp.zeros((programs, *q.shape), jnp.float32), jnp.zeros_like(k),
+      jnp.zeros_like(v)))
+  return (dq.sum(axis=0) * cfg.scale).astype(q.dtype), dk, dv
+
+
+def _fold_vmap(fn):
+  """``fn`` (arrays with a leading batch axis to arrays with one), batched
+  under ``jax.vmap`` by folding the mapped axis into that batch axis: for
+  a kernel ``pl.kernel`` launches, whose ``mpmd_map`` batches only axes of
+  size 1. Unmapped arguments are broadcast first."""
+  fn_vmap = jax.custom_batching.custom_vmap(fn)
+
+  @fn_vmap.def_vmap
+  def _(axis_size, in_batched, *args):
+    def fold(x, batched):
+      x = x if batched else jnp.broadcast_to(x, (axis_size, *x.shape))
+      return x.reshape(axis_size * x.shape[1], *x.shape[2:])
+    outs = fn_vmap(*map(fold, args, in_batched))
+    return (tuple(y.reshape(axis_size, -1, *y.shape[1:]) for y in outs),
+            (True,) * len(outs))
+  return fn_vmap

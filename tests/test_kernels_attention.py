@@ -306,6 +306,32 @@ def test_mgpu_fused_dq_matches_the_dq_kernel_interpreted():
                              dq.astype(jnp.float32), rtol=1e-2, atol=1e-2)
 
 
+@needs_gpu_interpreter
+def test_mgpu_fused_dq_under_vmap_interpreted():
+  """``jax.vmap`` batches the fused-dQ backward, whose launch cannot batch,
+  by folding the mapped axis into the batch axis (unmapped inputs, here the
+  keys and values, broadcast): the gradients of one call per element."""
+  N, T, H, K, D = 2, 128, 2, 1, 128
+  q, _, _, ct = _inputs(16, N, T, T, H, K, D, jnp.bfloat16)
+  _, k, v, _ = _inputs(17, 1, T, T, H, K, D, jnp.bfloat16)
+  q, ct = q[:, None], ct[:, None]  # [N, 1, T, H, D]: N mapped, batch 1
+  cfg = flash_mgpu.make_config(q.shape[1:], k.shape, causal=True,
+                               window=None, bq=64, bk=64, stages=2,
+                               warpgroups=2, interpret=True, fused_dq=True)
+  d_out = ct.astype(q.dtype)
+  residuals = [_triton_forward(q[n], k, v, None) for n in range(N)]
+  lse = jnp.stack([lse for _, lse in residuals])
+  delta = jnp.stack([flash.row_delta(out, d_out[n])
+                     for n, (out, _) in enumerate(residuals)])
+  backward = functools.partial(flash_mgpu.backward, cfg)
+  mapped = jax.jit(jax.vmap(backward, in_axes=(0, None, None, 0, 0, 0)))(
+      q, k, v, d_out, lse, delta)
+  for n in range(N):
+    one = jax.jit(backward)(q[n], k, v, d_out[n], lse[n], delta[n])
+    for got, want in zip(mapped, one):
+      np.testing.assert_array_equal(got[n], want)
+
+
 _FUSED_DQ_UNDER_GRAD = """
 import functools, jax, jax.numpy as jnp, numpy as np
 from agentic_rl import kernels

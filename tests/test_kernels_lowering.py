@@ -187,11 +187,14 @@ def test_mgpu_forward_fits_three_stages_of_128_key_tiles(compiled_pallas):
     forward(4)
 
 
-def test_mgpu_kernels_lower_under_vmap(compiled_pallas):
-  """``jax.vmap`` over a leading axis batches the Hopper kernels
-  (``plgpu.kernel``'s batching rule adds a grid axis), gradients
-  included."""
-  blocks = kernels.AttentionBlockSizes(fwd="mosaic_gpu", bwd="mosaic_gpu")
+@pytest.mark.parametrize("fused_dq, calls", [(False, (0, 3)), (True, (0, 2))])
+def test_mgpu_kernels_lower_under_vmap(compiled_pallas, fused_dq, calls):
+  """``jax.vmap`` over a leading axis batches the Hopper kernels, gradients
+  included: ``plgpu.kernel``'s batching rule adds a grid axis, and the
+  fused-dQ kernel (``pl.kernel``, which cannot batch) gets the mapped axis
+  folded into its batch axis."""
+  blocks = kernels.AttentionBlockSizes(fwd="mosaic_gpu", bwd="mosaic_gpu",
+                                       fused_dq_mgpu=fused_dq)
 
   def loss(q, k, v):
     return jnp.sum(jax.vmap(functools.partial(
@@ -200,7 +203,7 @@ def test_mgpu_kernels_lower_under_vmap(compiled_pallas):
   grads = jax.grad(loss, argnums=(0, 1, 2))
   assert _cuda_calls(grads, _spec((3, 1, 256, 4, 128)),
                      _spec((3, 1, 256, 2, 128)),
-                     _spec((3, 1, 256, 2, 128))) == (0, 3)
+                     _spec((3, 1, 256, 2, 128))) == calls
 
 
 @pytest.mark.parametrize("flag, value, fwd, bwd", [
