@@ -101,9 +101,8 @@ class AttentionBlockSizes:
   terms into an fp32 buffer by TMA reduce-adds (5 tile matmuls per block
   pair instead of 7; dQ's summation order then varies from run to run;
   head_dim a multiple of 64 x ``warpgroups_mgpu``; to time, off by
-  default). Tested in Pallas' GPU
-  interpreter and compiled for an H200 on CPU (:mod:`aot`); not yet run or
-  timed on a GPU.
+  default). Tested in Pallas' GPU interpreter and compiled for an H200 on
+  CPU (:mod:`aot`); not yet run or timed on a GPU.
   """
   block_q: int = 128
   block_k: int = 128

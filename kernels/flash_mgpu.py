@@ -680,7 +680,7 @@ def _fold_vmap(fn):
     def fold(x, batched):
       x = x if batched else jnp.broadcast_to(x, (axis_size, *x.shape))
       return x.reshape(axis_size * x.shape[1], *x.shape[2:])
-    outs = fn_vmap(*map(fold, args, in_batched))
+    outs = fn_vmap(*map(fold, args, in_batched))  # an outer vmap folds too
     return (tuple(y.reshape(axis_size, -1, *y.shape[1:]) for y in outs),
             (True,) * len(outs))
   return fn_vmap
