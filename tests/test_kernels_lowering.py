@@ -24,6 +24,7 @@ import pytest
 
 from agentic_rl import kernels
 from agentic_rl.kernels import _common
+from agentic_rl.kernels import aot
 
 # Custom calls of a Pallas Triton kernel: Triton IR (jaxlib <= 0.10.2) or
 # PTX compiled during lowering (newer jaxlibs).
@@ -158,22 +159,17 @@ def test_mgpu_kernels_lower_to_hopper_kernels(compiled_pallas, window, sides,
   kernels (the forward; dQ and dK/dV) beside the other side's Triton ones,
   lowered to Mosaic GPU's MLIR (:mod:`aot` compiles them further)."""
   B, T, H, K, D = 2, 4096, 8, 2, 128
-  blocks = kernels.AttentionBlockSizes(**sides)
-
-  def loss(q, k, v):
-    return jnp.sum(kernels.flash_attention(
-        q, k, v, sliding_window=window, block_sizes=blocks).astype(
-            jnp.float32))
-  grads = jax.grad(loss, argnums=(0, 1, 2))
+  grads = aot.attention_grad(kernels.AttentionBlockSizes(**sides), window)
   assert _cuda_calls(grads, _spec((B, T, H, D)), _spec((B, T, K, D)),
                      _spec((B, T, K, D))) == calls
 
 
 def test_mgpu_forward_fits_three_stages_of_128_key_tiles(compiled_pallas):
-  """Its Q tiles, lse and three stages of 128-key K/V tiles fit an H200's
-  shared memory (232,448 B; Mosaic GPU checks while lowering) because the
-  kernels reserve no cross-warp reduction scratch: its default 2 KiB made
-  them 96 B too many. Four stages do not fit, and the error says so."""
+  """The forward's Q tiles, lse and three stages of 128-key K/V tiles fit
+  an H200's shared memory (232,448 B; Mosaic GPU checks while lowering)
+  because the kernels reserve no cross-warp reduction scratch: its default
+  2 KiB made them 96 B too many. Four stages do not fit, and the error says
+  so."""
   def forward(stages):
     blocks = kernels.AttentionBlockSizes(fwd="mosaic_gpu",
                                          stages_fwd_mgpu=stages)
@@ -235,9 +231,7 @@ def test_mgpu_schedule_flags_reach_the_kernels(compiled_pallas, monkeypatch,
   def configs(**flags):
     blocks = kernels.AttentionBlockSizes(fwd="mosaic_gpu", bwd="mosaic_gpu",
                                          **flags)
-    jax.eval_shape(jax.grad(lambda q, k, v: jnp.sum(kernels.flash_attention(
-        q, k, v, block_sizes=blocks).astype(jnp.float32)),
-                            argnums=(0, 1, 2)), q, kv, kv)
+    jax.eval_shape(aot.attention_grad(blocks), q, kv, kv)
     return dict(seen)
   plain = configs()
   assert not any(c.longest_first or c.pingpong or c.fused_dq
