@@ -39,8 +39,8 @@ def main(data, fsdp, tensor):
            "behaviour_logp_BxT": -jax.random.uniform(k[3], (B, T)) - 0.01}
   losses = []
   for _ in range(3):
-    state, metrics = step(state, batch)
-    losses.append(float(metrics["loss"]))
+    state, metrics, _ = step(state, batch)
+    losses.append(float(metrics["learner/loss"]))
   print(json.dumps({"losses": losses, "devices": len(mesh.devices.flat)}))
 
 

@@ -63,11 +63,16 @@ def test_micro_batches_give_the_full_batch_update(agg):
   states = []
   for m in (1, 4):
     step = jax.jit(learner.make_train_step(loss, opt, micro_batches=m))
-    st, metrics = step(learner.init_train_state(params, opt), batch)
-    states.append((st, metrics))
-  (a, ma), (b, mb) = states
-  np.testing.assert_allclose(ma["loss"], mb["loss"], rtol=1e-6, atol=1e-7)
-  np.testing.assert_allclose(ma["signal/grad_norm"], mb["signal/grad_norm"], rtol=1e-5)
+    st, metrics, outputs = step(learner.init_train_state(params, opt), batch)
+    states.append((st, metrics, outputs))
+  (a, ma, oa), (b, mb, ob) = states
+  np.testing.assert_allclose(ma["learner/loss"], mb["learner/loss"], rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(ma["learner/grad_norm"], mb["learner/grad_norm"], rtol=1e-5)
+  # The forward's per-token outputs come back whole, in row order.
+  want_logp, want_entropy = sequence_logprobs(params, batch["tokens_BxT"], CFG)
+  for out in (oa, ob):
+    np.testing.assert_allclose(out["logp_BxT"], want_logp, atol=1e-5)
+    np.testing.assert_allclose(out["entropy_BxT"], want_entropy, atol=1e-5)
   for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
     np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
   # The update moved the parameters.
@@ -79,7 +84,8 @@ def test_sft_loss_is_masked_nll():
   batch = _batch(jax.random.key(3))
   loss_fn = learner.sft_loss(CFG)
   norm = objectives.batch_normalisers(batch["loss_mask_BxT"])
-  loss, _ = loss_fn(params, batch, norm)
+  loss, (metrics, outputs) = loss_fn(params, batch, norm)
+  assert outputs == {} and metrics["sft/nll"] == loss
   logp, _ = sequence_logprobs(params, batch["tokens_BxT"], CFG)
   m = batch["loss_mask_BxT"]
   np.testing.assert_allclose(loss, -(logp * m).sum() / m.sum(), rtol=1e-6)
@@ -94,15 +100,15 @@ def test_non_finite_loss_skips_the_update(use_jit):
   step = learner.make_train_step(learner.rl_loss(CFG, objectives.ObjectiveConfig(loss="reinforce")), opt)
   step = jax.jit(step) if use_jit else step
   state = learner.init_train_state(params, opt)
-  new, metrics = step(state, batch)
-  assert float(metrics["train/skipped"]) == 1.0
+  new, metrics, _ = step(state, batch)
+  assert float(metrics["learner/skipped"]) == 1.0
   assert int(new.step) == 0
   chex.assert_trees_all_equal(new.params, params)
   chex.assert_trees_all_equal(new.opt_state, state.opt_state)
   # A finite batch afterwards trains normally.
   batch["advantages"] = jnp.ones_like(batch["advantages"])
-  new, metrics = step(new, batch)
-  assert float(metrics["train/skipped"]) == 0.0 and int(new.step) == 1
+  new, metrics, _ = step(new, batch)
+  assert float(metrics["learner/skipped"]) == 0.0 and int(new.step) == 1
 
 
 def test_bad_micro_batch_split():
@@ -111,3 +117,47 @@ def test_bad_micro_batch_split():
   params = model_lib.init_params(CFG, jax.random.key(0))
   with pytest.raises(ValueError, match="micro-batches"):
     step(learner.init_train_state(params, opt), _batch(jax.random.key(5), B=8))
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_without_old_logp_the_proximal_policy_is_the_forwards_own(micro_batches):
+  """One update per batch needs no scoring pass: the loss and the update equal
+  those with ``old_logp`` scored separately at the same parameters."""
+  params = model_lib.init_params(CFG, jax.random.key(0))
+  opt = optax.sgd(0.5)
+  loss = learner.rl_loss(CFG, objectives.ObjectiveConfig(loss="ppo", correction="tis"))
+  step = jax.jit(learner.make_train_step(loss, opt, micro_batches=micro_batches))
+  batch = _batch(jax.random.key(6))
+  batch["old_logp_BxT"] = sequence_logprobs(params, batch["tokens_BxT"], CFG)[0]
+  scored, m_scored, _ = step(learner.init_train_state(params, opt), batch)
+  own = {k: v for k, v in batch.items() if k != "old_logp_BxT"}
+  fused, m_fused, out = step(learner.init_train_state(params, opt), own)
+  np.testing.assert_allclose(out["logp_BxT"], batch["old_logp_BxT"], atol=1e-5)
+  np.testing.assert_allclose(m_fused["learner/loss"], m_scored["learner/loss"], rtol=1e-5)
+  assert float(m_fused["learner/ratio_max"]) == 1.0
+  chex.assert_trees_all_close(fused.params, scored.params, atol=1e-6)
+
+
+@pytest.mark.parametrize("estimator", objectives.KL_ESTIMATORS)
+def test_reference_policy_is_scored_inside_the_step(estimator):
+  params = model_lib.init_params(CFG, jax.random.key(0))
+  ref = model_lib.init_params(CFG, jax.random.key(9))
+  opt = optax.sgd(0.5)
+  obj = objectives.ObjectiveConfig(loss="ppo", kl_coef=0.5, kl_estimator=estimator)
+  batch = _batch(jax.random.key(7))
+  step = jax.jit(learner.make_train_step(
+      learner.rl_loss(CFG, obj), opt, prepare=learner.reference_inputs(CFG)))
+  _, metrics, _ = step(learner.init_train_state(params, opt, ref), batch)
+  logp = sequence_logprobs(params, batch["tokens_BxT"], CFG)[0]
+  ref_logp = sequence_logprobs(ref, batch["tokens_BxT"], CFG)[0]
+  mask = batch["loss_mask_BxT"] != 0
+  want = objectives.kl_penalty(logp, ref_logp, estimator)
+  np.testing.assert_allclose(metrics["shift/kl_reference"],
+                             jnp.sum(jnp.where(mask, want, 0)) / mask.sum(), rtol=1e-4)
+  # The same step with the reference log-probs given gives the same loss.
+  given = dict(batch, ref_logp_BxT=ref_logp)
+  _, m_given, _ = step(learner.init_train_state(params, opt, ref), given)
+  np.testing.assert_allclose(m_given["learner/loss"], metrics["learner/loss"], rtol=1e-5)
+  # At the reference itself the penalty is 0.
+  _, m_self, _ = step(learner.init_train_state(params, opt, params), batch)
+  np.testing.assert_allclose(m_self["shift/kl_reference"], 0.0, atol=1e-6)

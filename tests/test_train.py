@@ -22,8 +22,9 @@ REQUIRED = (
     "reward/mean", "reward/outcome", "reward/format", "reward/efficiency", "eval/success",
     "eval/pass_at_k", "explore/entropy", "explore/distinct_tool_seqs",
     "explore/distinct_success_seqs", "explore/tool_seq_edit_dist", "signal/zero_variance_frac", "signal/adv_std",
-    "signal/effective_token_frac", "signal/grad_norm", "shift/staleness_mean",
-    "shift/staleness_max", "shift/is_ratio_mean", "shift/is_ratio_max", "shift/clip_frac",
+    "signal/effective_token_frac", "learner/grad_norm", "shift/staleness_mean",
+    "shift/staleness_max", "shift/is_ratio_mean", "shift/is_ratio_max", "learner/clip_frac",
+    "learner/loss", "learner/ratio_max", "shift/kl_reference", "shift/weight_zero_frac",
     "shift/logprob_mismatch_max", "shift/kl_behaviour_learner", "perf/rollout_tokens_per_s",
     "reward/greedy_baseline",
     "perf/learner_tokens_per_s", "perf/step_s")
@@ -31,14 +32,17 @@ REQUIRED = (
 
 def _cfg():
   cfg = default.get_config("tiny")
-  cfg.rl.max_staleness = 1  # exercise the off-policy path and its checkpointed actors
+  # The off-policy path and its checkpointed actors: two updates per batch,
+  # and the actor up to two updates behind.
+  cfg.rl.update(max_staleness=2, updates_per_batch=2)
+  # A KL penalty to the frozen reference policy (checkpointed with the run).
+  cfg.rl.update(kl_coef=0.05, kl_estimator="k2")
   cfg.rl.signal.prompt_sampling = "prioritised"  # draws from the checkpointed history
   # Two difficulty levels, level 0 alone for the first two RL iterations.
   cfg.tasks.difficulty = (0, 1)
   cfg.rl.signal.curriculum = ((0, 0, 0), (2, 0, 1))
   # ReMax: each prompt's greedy rollout is its baseline (a path of its own).
   cfg.rl.advantage = "remax"
-  cfg.rl.advantage_kwargs = {}  # the default's ddof belongs to grpo
   # ... and the exploration controllers, whose state the resume must restore:
   # an entropy band above any reachable entropy, so the coefficient rises
   # every iteration, and a linear temperature decay.
@@ -78,10 +82,17 @@ def test_sft_then_rl_end_to_end(straight):
   for key in REQUIRED:
     assert key in rl[-1], key
   for r in rl:
-    assert np.isfinite(r["loss"]) and r["train/skipped"] == 0
-    # The actor lags the learner by at most max_staleness updates.
-    assert r["shift/staleness_max"] <= cfg.rl.max_staleness * cfg.rl.updates_per_batch
-  assert any(r["shift/staleness_max"] > 0 for r in rl)
+    assert np.isfinite(r["learner/loss"]) and r["learner/skipped"] == 0
+    # Staleness counts learner updates: the actor lags by at most
+    # max_staleness of them and no token is dropped for it.
+    assert r["shift/staleness_max"] <= cfg.rl.max_staleness
+    assert r["shift/weight_zero_frac"] == 0
+  # Snapshots are per batch of two updates: the lag is 0, then 2.
+  assert [r["shift/staleness_max"] for r in rl] == [0, 2, 2]
+  # The RL updates move the policy away from the reference (the metrics are
+  # the second update's, so already after one update of the first batch).
+  assert all(r["shift/kl_reference"] > 0 for r in rl)
+  assert all(r["learner/grad_norm"] > 0 for r in rl[1:])
   # The adaptive entropy coefficient doubles each iteration (entropy below its
   # band); the sampling temperature follows the linear schedule, then holds.
   np.testing.assert_allclose([r["explore/entropy_coef"] for r in rl],
@@ -121,7 +132,19 @@ def test_resume_gives_the_same_metrics(straight, tmp_path):
     (lambda c: setattr(c.tasks, "families", ("calc_chain", "chess")), "chess"),
     (lambda c: setattr(c, "stages", ("sft", "rl2")), "rl2"),
     (lambda c: setattr(c.mesh, "data", 3), "device"),
-    (lambda c: setattr(c.rl, "advantage", "remax"), r"ddof.*advantage_kwargs=\{\}"),
+    (lambda c: c.rl.loss_kwargs.update(ppo2={}), r"loss_kwargs.*'ppo2'"),
+    (lambda c: c.rl.loss_kwargs.ppo.update(eps_low=-1.0), r"config.rl: .*eps_low"),
+    (lambda c: setattr(c.rl, "optimizer", "mirror_descent"), "loss=kimi"),
+    (lambda c: setattr(c.rl, "kl_estimator", "k4"), "k4"),
+    (lambda c: c.rl.shift.update(partial_rollout="mask"), "asynchronous"),
+    (lambda c: c.rl.shift.update(fifo_window_ratio=2.0), "asynchronous"),
+    (lambda c: (setattr(c.rl, "advantage", "rloo"), c.rl.signal.update(allocation="ada")),
+     "ada_global_stats=False"),
+    (lambda c: setattr(c.sft, "steps", -1), "sft.steps"),
+    (lambda c: setattr(c.rl, "iterations", 0), "rl.iterations"),
+    (lambda c: setattr(c.rl, "updates_per_batch", 0), "updates_per_batch"),
+    (lambda c: setattr(c.checkpoint, "every", 0), "checkpoint.every"),
+    (lambda c: setattr(c.eval, "every", 0), "eval.every"),
     (lambda c: (setattr(c.rl, "advantage", "reinforce_pp"),
                 c.rl.signal.update(allocation="knapsack", knapsack_n_min=1)), "ragged"),
     (lambda c: c.rl.signal.update(curriculum=((0, 2, 3),)), "curriculum"),
@@ -196,7 +219,7 @@ def test_rebn_runs_end_to_end(tmp_path, monkeypatch):
   # Token-level advantages [B, T] through the sharded, micro-batched step.
   cfg = default.get_config("tiny")
   cfg.stages = ("rl",)
-  cfg.rl.update(iterations=1, advantage="rebn", advantage_kwargs={})
+  cfg.rl.update(iterations=1, advantage="rebn")
   cfg.micro_batches = 2
   cfg.eval.every = 100
   made, original = [], loop.turn_advantages
@@ -208,8 +231,8 @@ def test_rebn_runs_end_to_end(tmp_path, monkeypatch):
   monkeypatch.setattr(loop, "turn_advantages", spy)
   summary = loop.train(cfg, str(tmp_path))
   [record] = metrics_lib.read_metrics(os.path.join(str(tmp_path), "metrics.jsonl"))
-  assert summary["steps"] == 1 and record["train/skipped"] == 0
-  assert np.isfinite(record["loss"]) and np.isfinite(record["signal/adv_std"])
+  assert summary["steps"] == 1 and record["learner/skipped"] == 0
+  assert np.isfinite(record["learner/loss"]) and np.isfinite(record["signal/adv_std"])
   rows = cfg.rl.prompts_per_step * cfg.rl.group_size
   assert [a.shape for a in made] == [(rows, cfg.sampling.max_total_tokens)]
 

@@ -8,6 +8,7 @@ Pure array math over per-token ``[B, T]`` arrays and per-prompt rewards
 from agentic_rl.objectives._checks import UnknownHyperParameterError
 from agentic_rl.objectives.advantages import (
     ADVANTAGE_ESTIMATORS,
+    GLOBAL_STATS_ESTIMATORS,
     broadcast_turn_advantages,
     get_advantage_fn,
 )
@@ -19,10 +20,13 @@ from agentic_rl.objectives.aggregation import (
     masked_mean,
 )
 from agentic_rl.objectives.config import (
+    INPUTS,
     ObjectiveConfig,
     OptimizerConfig,
+    hyperparameter_defaults,
     make_advantage_fn,
     make_policy_loss,
+    required_inputs,
     validate_objective_config,
     validate_optimizer_config,
 )
@@ -45,6 +49,8 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AGG_MODES",
     "CORRECTIONS",
+    "GLOBAL_STATS_ESTIMATORS",
+    "INPUTS",
     "IS_LEVELS",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
@@ -58,6 +64,7 @@ __all__ = [
     "get_advantage_fn",
     "get_correction",
     "get_policy_loss",
+    "hyperparameter_defaults",
     "kl_penalty",
     "make_advantage_fn",
     "make_optimizer",
@@ -66,6 +73,7 @@ __all__ = [
     "masked_max",
     "masked_mean",
     "policy_loss",
+    "required_inputs",
     "reset_optimizer_state",
     "validate_objective_config",
     "validate_optimizer_config",

@@ -24,3 +24,10 @@ def check_keywords(what: str, fn: Callable[..., object], kwargs: Mapping[str, ob
     raise UnknownHyperParameterError(
         f"{what} got unknown hyper-parameter(s) {unknown}; it accepts: "
         f"{', '.join(accepted) or 'none'}")
+
+
+def keyword_defaults(fn: Callable[..., object], exclude: tuple[str, ...] = ()) -> dict[str, object]:
+  """The hyper-parameters of ``fn`` with their defaults (None for a required one)."""
+  params = inspect.signature(fn).parameters.values()
+  return {p.name: None if p.default is p.empty else p.default for p in params
+          if p.kind is p.KEYWORD_ONLY and p.name not in exclude}

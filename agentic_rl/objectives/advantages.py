@@ -57,31 +57,83 @@ def _centred(rewards_PxG: jax.Array) -> jax.Array:
   return rewards_PxG - rewards_PxG.mean(axis=-1, keepdims=True)
 
 
+def _all_rewards(name: str, rewards_PxG: jax.Array, all_rewards_PxN, all_mask_PxN):
+  """The rewards the group statistics run over, ``([P, N], bool [P, N])``.
+
+  Reinforce-Ada (arXiv 2510.04996) passes every rollout generated for each
+  prompt, kept or not (``all_rewards_PxN`` with ``all_mask_PxN`` marking the
+  real entries), so the baseline is the prompt's global mean rather than the
+  kept group's.
+  """
+  all_rewards_PxN = jnp.asarray(all_rewards_PxN, jnp.float32)
+  mask = (jnp.ones(all_rewards_PxN.shape, bool) if all_mask_PxN is None
+          else jnp.asarray(all_mask_PxN) != 0)
+  if all_rewards_PxN.ndim != 2 or all_rewards_PxN.shape[0] != rewards_PxG.shape[0] or (
+      mask.shape != all_rewards_PxN.shape):
+    raise ValueError(f"{name}: all_rewards_PxN / all_mask_PxN must be [P, N] with P = "
+                     f"{rewards_PxG.shape[0]}, got {all_rewards_PxN.shape} / {mask.shape}")
+  return all_rewards_PxN, mask
+
+
+def _group_stats(r_PxN: jax.Array, mask_PxN: jax.Array, ddof: int):
+  """Masked mean and std ``[P, 1]`` along the last axis, and whether the
+  masked values of each row are all equal ``[P, 1]``."""
+  count = jnp.maximum(mask_PxN.sum(-1, keepdims=True), 1).astype(jnp.float32)
+  mean = jnp.where(mask_PxN, r_PxN, 0.0).sum(-1, keepdims=True) / count
+  sq_dev = jnp.where(mask_PxN, jnp.square(r_PxN - mean), 0.0).sum(-1, keepdims=True)
+  std = jnp.sqrt(sq_dev / jnp.maximum(count - ddof, 1.0))
+  constant = (jnp.where(mask_PxN, r_PxN, jnp.inf).min(-1, keepdims=True)
+              == jnp.where(mask_PxN, r_PxN, -jnp.inf).max(-1, keepdims=True))
+  return mean, std, constant
+
+
+# Estimators whose group statistics may run over all rollouts generated for a
+# prompt (``all_rewards_PxN``): Reinforce-Ada's global baseline.
+GLOBAL_STATS_ESTIMATORS = ("grpo", "dr_grpo", "kimi")
+
+
+def _mean_baseline(name: str, rewards_PxG, all_rewards_PxN, all_mask_PxN, ddof: int = 0):
+  """``(r, r - mean, std, constant)``: the group's own statistics, or those of
+  ``all_rewards_PxN``; the centred rewards are exactly 0 (not rounding noise)
+  where the statistics' rewards are all equal."""
+  if all_rewards_PxN is None:
+    r = _check_rewards(name, rewards_PxG, 2)
+    mean, std = r.mean(-1, keepdims=True), r.std(-1, ddof=ddof, keepdims=True)
+    constant = r.max(-1, keepdims=True) == r.min(-1, keepdims=True)
+  else:
+    r = _check_rewards(name, rewards_PxG, 1)
+    mean, std, constant = _group_stats(*_all_rewards(name, r, all_rewards_PxN, all_mask_PxN),
+                                       ddof)
+  return r, jnp.where(constant, 0.0, r - mean), std, constant
+
+
 @_register("grpo")
-def grpo(rewards_PxG: jax.Array, *, ddof: int = 1, eps: float = 1e-6) -> jax.Array:
+def grpo(rewards_PxG: jax.Array, all_rewards_PxN: jax.Array | None = None,
+         all_mask_PxN: jax.Array | None = None, *, ddof: int = 1,
+         eps: float = 1e-6) -> jax.Array:
   """GRPO group-normalised advantage (DeepSeekMath, arXiv 2402.03300).
 
   ``A_i = (r_i - mean(r)) / (std(r) + eps)`` over the G samples of a prompt.
   ``std`` is the *sample* std (``ddof=1``, Bessel-corrected) by default, as
   ``torch.std`` in verl, TRL and OpenRLHF; ``ddof=0`` gives the population std.
-  Needs G >= 2.
+  Needs G >= 2. With ``all_rewards_PxN`` (and ``all_mask_PxN``) the mean and
+  std run over those rewards instead (Reinforce-Ada's global statistics).
   """
   _check_ddof_eps("grpo", ddof, eps)
-  r = _check_rewards("grpo", rewards_PxG, 2)
-  adv = _centred(r) / (r.std(axis=-1, ddof=ddof, keepdims=True) + eps)
-  return _zero_constant_groups(adv, r)
+  _, centred, std, _ = _mean_baseline("grpo", rewards_PxG, all_rewards_PxN, all_mask_PxN, ddof)
+  return centred / (std + eps)
 
 
 @_register("dr_grpo")
-def dr_grpo(rewards_PxG: jax.Array) -> jax.Array:
+def dr_grpo(rewards_PxG: jax.Array, all_rewards_PxN: jax.Array | None = None,
+            all_mask_PxN: jax.Array | None = None) -> jax.Array:
   """Dr. GRPO advantage (Liu et al., arXiv 2503.20783): ``A_i = r_i - mean(r)``.
 
   GRPO without the std division (which biases towards too easy or too hard
   questions). Pair it with ``agg='seq_mean_token_sum_norm'`` for the paper's
-  length-unbiased loss. Needs G >= 2.
+  length-unbiased loss. Needs G >= 2. ``all_rewards_PxN``: as :func:`grpo`.
   """
-  r = _check_rewards("dr_grpo", rewards_PxG, 2)
-  return _zero_constant_groups(_centred(r), r)
+  return _mean_baseline("dr_grpo", rewards_PxG, all_rewards_PxN, all_mask_PxN)[1]
 
 
 @_register("rloo")
@@ -100,16 +152,17 @@ def rloo(rewards_PxG: jax.Array) -> jax.Array:
 
 
 @_register("kimi")
-def kimi(rewards_PxG: jax.Array) -> jax.Array:
+def kimi(rewards_PxG: jax.Array, all_rewards_PxN: jax.Array | None = None,
+         all_mask_PxN: jax.Array | None = None) -> jax.Array:
   """Kimi k1.5 mean-of-k baseline (arXiv 2501.12599, §2.3.2): ``A_i = r_i - r_bar``.
 
   ``r_bar`` is the mean reward of the k samples of the prompt, the paper's
   approximation of ``tau * log Z``. This is the ``(r - r_bar)`` that the ``kimi``
   and ``kimi_token_mask`` losses expect (the latter divides by its ``tau``).
-  Numerically the same as ``dr_grpo``. Needs G >= 2.
+  Numerically the same as ``dr_grpo``. Needs G >= 2. ``all_rewards_PxN``:
+  as :func:`grpo`.
   """
-  r = _check_rewards("kimi", rewards_PxG, 2)
-  return _zero_constant_groups(_centred(r), r)
+  return _mean_baseline("kimi", rewards_PxG, all_rewards_PxN, all_mask_PxN)[1]
 
 
 @_register("remax")

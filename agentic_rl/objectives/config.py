@@ -17,9 +17,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from agentic_rl.objectives._checks import check_keywords
-from agentic_rl.objectives.advantages import get_advantage_fn
-from agentic_rl.objectives.losses import get_policy_loss
+from agentic_rl.objectives._checks import check_keywords, keyword_defaults
+from agentic_rl.objectives.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    GLOBAL_STATS_ESTIMATORS,
+    get_advantage_fn,
+)
+from agentic_rl.objectives.corrections import CORRECTIONS, get_correction
+from agentic_rl.objectives.losses import POLICY_LOSSES, get_policy_loss
 
 SCHEDULES = ("constant", "warmup_constant", "warmup_cosine")
 
@@ -72,6 +77,54 @@ class OptimizerConfig:
   reset_each_iteration: bool = False
 
 
+def hyperparameter_defaults() -> dict[str, dict[str, dict[str, Any]]]:
+  """Every estimator's, loss's and correction's hyper-parameters with their
+  defaults, keyed ``{"advantage" | "loss" | "correction": {name: {kw: value}}}``.
+
+  The functions' signatures are the one source of these values; a config
+  that keys hyper-parameters by name starts from this table. A required
+  hyper-parameter (``pass_at_k``'s ``k``) appears as None. ``clip_cov``'s
+  ``key`` is an input (its random selection), not a hyper-parameter.
+  """
+  from agentic_rl.objectives.losses import _BASE_LOSSES  # pylint: disable=g-import-not-at-top
+  return {"advantage": {n: keyword_defaults(get_advantage_fn(n)) for n in ADVANTAGE_ESTIMATORS},
+          "loss": {n: keyword_defaults(_BASE_LOSSES[n], exclude=("key",))
+                   for n in POLICY_LOSSES},
+          "correction": {n: keyword_defaults(get_correction(n)) for n in CORRECTIONS}}
+
+
+# The inputs an objective may need beyond rewards, current and old log-probs.
+INPUTS = ("greedy_rewards_P", "turn_rewards", "all_rewards_PxN", "behaviour_logp_BxT",
+          "ref_logp_BxT", "entropy_BxT")
+
+
+def required_inputs(config: ObjectiveConfig, *, global_stats: bool = False) -> frozenset[str]:
+  """Which of :data:`INPUTS` the configured estimator and loss need.
+
+  ``greedy_rewards_P``: ReMax's greedy-decode baselines; ``turn_rewards``:
+  REBN's per-turn rewards; ``all_rewards_PxN``: the rewards of every rollout
+  generated for a prompt (``global_stats``, Reinforce-Ada, for the estimators
+  in ``GLOBAL_STATS_ESTIMATORS``); ``behaviour_logp_BxT``: the sampler's
+  log-probs (a correction); ``ref_logp_BxT``: a frozen reference policy's
+  (``kl_coef > 0``); ``entropy_BxT``: the per-token entropy (an entropy bonus).
+  The trainer, the learner and validation all decide from this set.
+  """
+  needs = set()
+  if config.advantage == "remax":
+    needs.add("greedy_rewards_P")
+  if config.advantage == "rebn":
+    needs.add("turn_rewards")
+  if global_stats and config.advantage in GLOBAL_STATS_ESTIMATORS:
+    needs.add("all_rewards_PxN")
+  if config.correction:
+    needs.add("behaviour_logp_BxT")
+  if config.kl_coef:
+    needs.add("ref_logp_BxT")
+  if config.entropy_coef:
+    needs.add("entropy_BxT")
+  return frozenset(needs)
+
+
 def make_advantage_fn(config: ObjectiveConfig) -> Callable[..., jax.Array]:
   """The configured estimator with its hyper-parameters bound."""
   return functools.partial(get_advantage_fn(config.advantage), **config.advantage_kwargs)
@@ -108,20 +161,15 @@ def validate_objective_config(config: ObjectiveConfig, *, group_size: int) -> No
 
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
   adv_fn = make_advantage_fn(config)
-  if config.advantage == "rebn":
+  needs = required_inputs(config)
+  if "turn_rewards" in needs:
     jax.eval_shape(adv_fn, f32(2, 3), jax.ShapeDtypeStruct((2, 3), jnp.bool_))
-  elif config.advantage == "remax":
+  elif "greedy_rewards_P" in needs:
     jax.eval_shape(adv_fn, f32(2, group_size), f32(2))
   else:
     jax.eval_shape(adv_fn, f32(2, group_size))
 
-  optional = {}
-  if config.correction is not None:
-    optional["behaviour_logp_BxT"] = f32(2, 4)
-  if config.kl_coef != 0:
-    optional["ref_logp_BxT"] = f32(2, 4)
-  if config.entropy_coef != 0:
-    optional["entropy_BxT"] = f32(2, 4)
+  optional = {k: f32(2, 4) for k in needs if k.endswith("_BxT")}
   # The loss checks the aggregation mode, corrections, KL estimator and every
   # hyper-parameter in Python before it traces anything.
   loss_fn = make_policy_loss(config)

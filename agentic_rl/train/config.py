@@ -21,6 +21,8 @@ from agentic_rl.train import tasks as tasks_lib
 
 STAGE_KINDS = ("sft", "rl")
 OPTIMIZERS = ("adamw", "mirror_descent")
+# Mirror descent's KL-to-previous-policy term lives in the loss.
+MIRROR_DESCENT_LOSSES = ("kimi",)
 # Estimators that normalise over the whole batch rather than within a group.
 GLOBAL_ESTIMATORS = ("reinforce_pp",)
 
@@ -42,14 +44,32 @@ def sampling_config(cfg, **overrides) -> SamplingConfig:
                         max_total_tokens=s.max_total_tokens, **overrides).validate()
 
 
+# The stage keys whose values are hyper-parameters keyed by the name of the
+# estimator, loss or correction they belong to, and the registry of names.
+KEYED_KWARGS = {"advantage_kwargs": ("advantage", objectives.ADVANTAGE_ESTIMATORS),
+                "loss_kwargs": ("loss", objectives.POLICY_LOSSES),
+                "correction_kwargs": ("correction", objectives.CORRECTIONS)}
+
+
+def _kwargs_of(stage, key: str, name: str) -> dict:
+  """The hyper-parameters ``stage[key][name]`` (empty when absent)."""
+  table = stage.get(key) or {}
+  return dict(table.get(name) or {})
+
+
 def objective_config(stage) -> objectives.ObjectiveConfig:
+  """The stage's objective; each hyper-parameter table is keyed by name, so
+  only the chosen estimator's, loss's and correction's own are used."""
   correction = None if stage.correction == "none" else stage.correction
   return objectives.ObjectiveConfig(
-      advantage=stage.advantage, advantage_kwargs=dict(stage.advantage_kwargs),
-      loss=stage.loss, loss_kwargs=dict(stage.loss_kwargs), agg=stage.agg,
-      correction=correction,
-      correction_kwargs={correction: dict(stage.correction_kwargs)} if correction else {},
-      entropy_coef=stage.entropy_coef, kl_coef=stage.kl_coef)
+      advantage=stage.advantage,
+      advantage_kwargs=_kwargs_of(stage, "advantage_kwargs", stage.advantage),
+      loss=stage.loss, loss_kwargs=_kwargs_of(stage, "loss_kwargs", stage.loss),
+      agg=stage.agg, correction=correction,
+      correction_kwargs=({correction: _kwargs_of(stage, "correction_kwargs", correction)}
+                         if correction else {}),
+      entropy_coef=stage.entropy_coef, kl_coef=stage.kl_coef,
+      kl_estimator=stage.get("kl_estimator", "k3"))
 
 
 def optimizer_config(stage, total_steps: int) -> objectives.OptimizerConfig:
@@ -83,6 +103,66 @@ def shift_config(stage) -> shift.ShiftConfig:
   return shift.ShiftConfig(max_staleness=stage.max_staleness, **extra)
 
 
+def _check_positive(where: str, value) -> None:
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    _err(f"{where} must be an integer >= 1, got {value!r}")
+
+
+def _validate_keyed_kwargs(name: str, stage) -> None:
+  for key, (field, valid) in KEYED_KWARGS.items():
+    table = stage.get(key) or {}
+    if stray := sorted(set(table) - set(valid)):
+      _err(f"config.{name}.{key} is keyed by {field} name, and {stray} is not one; valid: "
+           f"{', '.join(valid)} (e.g. --config.{name}.{key}.{stage[field]}.<name>=...)")
+
+
+def _validate_rl_stage(name: str, stage, model_cfg, levels) -> None:
+  """The checks of one RL stage section; raises ValueError naming the fix."""
+  _check_positive(f"config.{name}.iterations", stage.iterations)
+  _check_positive(f"config.{name}.updates_per_batch", stage.updates_per_batch)
+  optimizer = stage.get("optimizer", "adamw")
+  if optimizer not in OPTIMIZERS:
+    _err(f"config.{name}.optimizer is {optimizer!r}; expected one of {OPTIMIZERS}")
+  if optimizer == "mirror_descent" and stage.loss not in MIRROR_DESCENT_LOSSES:
+    _err(f"config.{name}.optimizer='mirror_descent' is Kimi k1.5's update: a policy gradient "
+         "with the squared log-ratio to the iteration's start, (tau / 2) (log pi - log "
+         f"pi_old)^2, which is the loss 'kimi'; set --config.{name}.loss=kimi (tau: "
+         f"--config.{name}.loss_kwargs.kimi.tau), got loss={stage.loss!r}")
+  _validate_keyed_kwargs(name, stage)
+  if stage.get("kl_estimator", "k3") not in objectives.KL_ESTIMATORS:
+    _err(f"config.{name}.kl_estimator is {stage.kl_estimator!r}; valid: "
+         f"{', '.join(objectives.KL_ESTIMATORS)}")
+  objectives.validate_objective_config(objective_config(stage), group_size=stage.group_size)
+  signal_cfg = signal_config(stage)
+  signal_cfg.validate_group_size(stage.group_size)
+  if signal_cfg.allocation == "knapsack" and stage.advantage in GLOBAL_ESTIMATORS:
+    _err(f"config.{name}: allocation='knapsack' makes ragged groups, which the "
+         f"batch-normalising estimator {stage.advantage!r} does not support; use a "
+         "group estimator (grpo, dr_grpo, rloo, kimi)")
+  if (signal_cfg.allocation == "ada" and signal_cfg.ada_global_stats
+      and stage.advantage not in objectives.GLOBAL_STATS_ESTIMATORS):
+    _err(f"config.{name}.signal.ada_global_stats: Reinforce-Ada's baseline over every "
+         f"rollout generated for a prompt is defined for the estimators "
+         f"{', '.join(objectives.GLOBAL_STATS_ESTIMATORS)}, not {stage.advantage!r}; set "
+         f"--config.{name}.signal.ada_global_stats=False to use its down-sampling only")
+  shift_cfg = shift_config(stage)
+  if shift_cfg.partial_rollout != "keep" or shift_cfg.fifo_window_ratio is not None:
+    _err(f"config.{name}.shift.partial_rollout={shift_cfg.partial_rollout!r} and "
+         f"fifo_window_ratio={shift_cfg.fifo_window_ratio!r} act on partial rollouts and "
+         "windowed-FIFO collection, which only an asynchronous actor makes; this trainer's "
+         "actor is synchronous, so keep partial_rollout='keep' and fifo_window_ratio=None")
+  for start, lo, hi in signal_cfg.curriculum:
+    if not any(lo <= d <= hi for d in levels):
+      _err(f"config.{name}.signal.curriculum stage at step {start} admits difficulties "
+           f"[{lo}, {hi}], but the task pool has only {levels} (config.tasks.difficulty)")
+  if (exploration_config(stage).scheduled_temperature
+      and model_cfg.final_logit_softcap is not None):
+    _err(f"config.{name}.exploration.temperature_schedule needs final_logit_softcap=None "
+         "(the learner scores a scheduled temperature by scaling hidden states)")
+  if stage.max_staleness < 0:
+    _err(f"config.{name}.max_staleness must be >= 0, got {stage.max_staleness}")
+
+
 def validate(cfg) -> None:
   """Raises ValueError naming the problem and the fix; builds nothing."""
   if not cfg.stages:
@@ -93,6 +173,10 @@ def validate(cfg) -> None:
     kind = cfg[name].get("kind")
     if kind not in STAGE_KINDS:
       _err(f"config.{name}.kind is {kind!r}; expected one of {STAGE_KINDS}")
+  for where in ("checkpoint.every", "checkpoint.keep", "eval.every", "eval.num_prompts",
+                "eval.batch_rows"):
+    section, key = where.split(".")
+    _check_positive(f"config.{where}", cfg[section][key])
   unknown = set(cfg.tasks.families) - set(registry.ENVS)
   if unknown:
     _err(f"config.tasks.families has unknown task families {sorted(unknown)}; "
@@ -104,7 +188,7 @@ def validate(cfg) -> None:
   if len(cfg.tasks.weights) != len(cfg.tasks.families):
     _err("config.tasks.weights needs one weight per family in config.tasks.families")
   tok = tok_lib.load_tokenizer()  # also checks the reserved pieces
-  model_config(cfg, tok.vocab_size)
+  model_cfg = model_config(cfg, tok.vocab_size)
   sampling_config(cfg)
   if cfg.micro_batches < 1:
     _err(f"config.micro_batches must be >= 1, got {cfg.micro_batches}")
@@ -113,36 +197,18 @@ def validate(cfg) -> None:
   for name in cfg.stages:
     stage = cfg[name]
     if stage.kind == "sft":
+      _check_positive(f"config.{name}.steps", stage.steps)
       rows = stage.batch_size
     else:
-      if stage.get("optimizer", "adamw") not in OPTIMIZERS:
-        _err(f"config.{name}.optimizer is {stage.optimizer!r}; expected one of {OPTIMIZERS}")
       try:
-        objectives.validate_objective_config(objective_config(stage),
-                                             group_size=stage.group_size)
+        _validate_rl_stage(name, stage, model_cfg, levels)
       except objectives.UnknownHyperParameterError as e:
-        # The default's kwargs belong to its estimator and loss; switching
-        # either on the command line needs its kwargs switched too.
-        _err(f"config.{name}: {e}. Set config.{name}.advantage_kwargs / loss_kwargs to "
-             f"match (--config.{name}.advantage_kwargs={{}} clears them)")
-      signal_config(stage).validate_group_size(stage.group_size)
-      if (signal_config(stage).allocation == "knapsack" and
-          stage.advantage in GLOBAL_ESTIMATORS):
-        _err(f"config.{name}: allocation='knapsack' makes ragged groups, which the "
-             f"batch-normalising estimator {stage.advantage!r} does not support; use a "
-             "group estimator (grpo, dr_grpo, rloo, kimi)")
-      shift_config(stage)
-      for start, lo, hi in signal_config(stage).curriculum:
-        if not any(lo <= d <= hi for d in levels):
-          _err(f"config.{name}.signal.curriculum stage at step {start} admits difficulties "
-               f"[{lo}, {hi}], but the task pool has only {levels} (config.tasks.difficulty)")
-      expl = exploration_config(stage)
-      if (expl.scheduled_temperature
-          and model_config(cfg, tok.vocab_size).final_logit_softcap is not None):
-        _err(f"config.{name}.exploration.temperature_schedule needs final_logit_softcap=None "
-             "(the learner scores a scheduled temperature by scaling hidden states)")
-      if stage.max_staleness < 0:
-        _err(f"config.{name}.max_staleness must be >= 0, got {stage.max_staleness}")
+        _err(f"config.{name}: {e}. Set it under config.{name}.advantage_kwargs.<estimator>, "
+             f"loss_kwargs.<loss> or correction_kwargs.<correction>")
+      except ValueError as e:
+        if str(e).startswith("config."):
+          raise
+        _err(f"config.{name}: {e}")
       rows = stage.prompts_per_step * stage.group_size
     if rows % cfg.micro_batches:
       _err(f"config.{name}: a batch of {rows} rows does not split into "

@@ -1,15 +1,17 @@
 """The learner step: one optimiser update over a (micro-batched) batch.
 
 ``make_train_step(loss_fn, optimizer, micro_batches)`` turns a per-batch loss
-into a pure ``step(state, batch) -> (state, metrics)`` that
+into a pure ``step(state, batch) -> (state, metrics, outputs)`` that
 
 * splits the batch into ``micro_batches`` equal parts along the leading axis
   and accumulates gradients with ``lax.scan``. Losses aggregate with the whole
   batch's normalisers (``objectives.batch_normalisers``), so the accumulated
   gradient equals the full-batch gradient (see ``tests/test_learner.py``);
 * skips the update when the loss or the gradient is not finite (the
-  parameters and optimiser state stay as they were, ``train/skipped`` is 1);
-* reports ``signal/grad_norm`` and the loss's own metrics.
+  parameters and optimiser state stay as they were, ``learner/skipped`` is 1);
+* reports ``learner/grad_norm``, ``learner/loss`` and the loss's own metrics,
+  and returns the loss's per-row ``outputs`` (the RL loss: the log-probs and
+  entropies of its forward, at the parameters before the update).
 
 The SFT and RL losses below share the model's one scoring path,
 :func:`sequence_logprobs`, which the rollout engine's consistency check uses
@@ -31,21 +33,26 @@ from agentic_rl.model.scoring import sequence_logprobs
 
 Batch = Mapping[str, jax.Array]
 Metrics = dict[str, jax.Array]
-LossFn = Callable[[Any, Batch, Mapping[str, jax.Array]], tuple[jax.Array, Metrics]]
+# loss_fn(params, batch, norm) -> (loss, (metrics, outputs)); outputs hold
+# per-row arrays ``[b, ...]`` (no gradient) that the step returns whole.
+LossFn = Callable[[Any, Batch, Mapping[str, jax.Array]], tuple[jax.Array, tuple[Metrics, Batch]]]
 
 
 @struct.dataclass
 class TrainState:
-  """Parameters, optimiser state and the number of updates applied."""
+  """Parameters, optimiser state, the number of updates applied and, for a
+  KL penalty, the frozen reference policy's parameters (else None)."""
 
   params: Any
   opt_state: Any
   step: jax.Array  # int32 []: optimiser updates applied (the policy version)
+  ref_params: Any = None
 
 
-def init_train_state(params, optimizer: optax.GradientTransformation) -> TrainState:
+def init_train_state(params, optimizer: optax.GradientTransformation,
+                     ref_params: Any = None) -> TrainState:
   return TrainState(params=params, opt_state=optimizer.init(params),
-                    step=jnp.zeros((), jnp.int32))
+                    step=jnp.zeros((), jnp.int32), ref_params=ref_params)
 
 
 def sft_loss(model_config, *, logprob_impl: str = "xla") -> LossFn:
@@ -60,9 +67,22 @@ def sft_loss(model_config, *, logprob_impl: str = "xla") -> LossFn:
         params, batch["tokens_BxT"], model_config, impl=logprob_impl)
     mask = batch["loss_mask_BxT"]
     nll = -jnp.sum(logp_BxT * mask) / norm["num_tokens"]
-    return nll, {"sft/nll": nll}
+    return nll, ({"sft/nll": nll}, {})
 
   return loss_fn
+
+
+# Where the policy loss's metrics go in the run's metrics. The loss's
+# mismatch_* repeat the shift monitors (``shift/kl_behaviour_learner``, ...).
+_LOSS_METRIC_NAMES = {"pg_loss": "learner/pg_loss", "is_ratio_mean": "learner/ratio_mean",
+                      "is_ratio_max": "learner/ratio_max", "approx_kl": "learner/kl_old_new",
+                      "entropy": "learner/entropy", "kl_ref": "shift/kl_reference"}
+
+
+def _metric_name(key: str) -> str | None:
+  if key.startswith("mismatch_"):
+    return None
+  return _LOSS_METRIC_NAMES.get(key, f"learner/{key}")
 
 
 def rl_loss(model_config, objective: objectives.ObjectiveConfig, *,
@@ -70,37 +90,63 @@ def rl_loss(model_config, objective: objectives.ObjectiveConfig, *,
             adaptive_entropy: bool = False, scheduled_temperature: bool = False) -> LossFn:
   """The configured policy loss on a rollout batch.
 
-  ``batch`` holds ``tokens_BxT``, ``loss_mask_BxT``, ``advantages`` (``[B]``
-  per sequence, or ``[B, T]`` per token as REBN's), ``old_logp_BxT`` (the
-  learner's scores at the iteration's start) and
-  ``behaviour_logp_BxT`` (the sampler's), plus ``ref_logp_BxT`` when a KL
-  penalty is on. The exploration controllers' values arrive as data, so they
-  change without recompiling: with ``adaptive_entropy`` the entropy-bonus
-  coefficient is ``entropy_coef_B[0]``, with ``scheduled_temperature`` the
-  sampling temperature is ``temperature_B[0]`` (float32 ``[B]``, one value
-  repeated per row so the batch still splits into micro-batches).
+  ``batch`` holds ``tokens_BxT``, ``loss_mask_BxT`` (the per-token loss
+  weights), ``advantages`` (``[B]`` per sequence, or ``[B, T]`` per token as
+  REBN's) and the inputs ``objectives.required_inputs(objective)`` names
+  (``behaviour_logp_BxT``, ``ref_logp_BxT``). ``old_logp_BxT``, the learner's
+  scores at the iteration's start, is optional: without it the proximal
+  policy is this forward's own (stop-gradient) log-probs, exact for the first
+  update of an iteration, so one update per batch needs no scoring pass. The
+  exploration controllers' values arrive as data, so they change without
+  recompiling: with ``adaptive_entropy`` the entropy-bonus coefficient is
+  ``entropy_coef_B[0]``, with ``scheduled_temperature`` the sampling
+  temperature is ``temperature_B[0]`` (float32 ``[B]``, one value repeated
+  per row so the batch still splits into micro-batches).
+
+  Outputs: ``logp_BxT`` and ``entropy_BxT`` of the forward (float32).
   """
   loss = objectives.make_policy_loss(objective)
+  needs = objectives.required_inputs(objective)
 
   def loss_fn(params, batch, norm):
     tau = batch["temperature_B"][0] if scheduled_temperature else temperature
     logp_BxT, entropy_BxT = sequence_logprobs(
         params, batch["tokens_BxT"], model_config, temperature=tau, impl=logprob_impl)
+    old_logp_BxT = batch.get("old_logp_BxT", jax.lax.stop_gradient(logp_BxT))
     # Shift controls arrive as per-token weights; weight 0 leaves the token out.
     extra = {"token_weights_BxT": batch["loss_mask_BxT"]}
-    if objective.correction is not None:
-      extra["behaviour_logp_BxT"] = batch["behaviour_logp_BxT"]
-    if objective.kl_coef:
-      extra["ref_logp_BxT"] = batch["ref_logp_BxT"]
+    extra.update({k: batch[k] for k in ("behaviour_logp_BxT", "ref_logp_BxT") if k in needs})
     if adaptive_entropy:
       extra["entropy_coef"] = batch["entropy_coef_B"][0]
-    if objective.entropy_coef or adaptive_entropy:
+    if "entropy_BxT" in needs or adaptive_entropy:
       extra["entropy_BxT"] = entropy_BxT
-    return loss(logp_BxT, batch["old_logp_BxT"], batch["advantages"],
-                batch["loss_mask_BxT"], num_tokens=norm["num_tokens"],
-                num_seqs=norm["num_seqs"], **extra)
+    value, metrics = loss(logp_BxT, old_logp_BxT, batch["advantages"],
+                          batch["loss_mask_BxT"], num_tokens=norm["num_tokens"],
+                          num_seqs=norm["num_seqs"], **extra)
+    metrics = {name: v for k, v in metrics.items() if (name := _metric_name(k))}
+    outputs = {"logp_BxT": jax.lax.stop_gradient(logp_BxT),
+               "entropy_BxT": jax.lax.stop_gradient(entropy_BxT)}
+    return value, (metrics, outputs)
 
   return loss_fn
+
+
+def reference_inputs(model_config, *, temperature: float = 1.0, logprob_impl: str = "xla",
+                     scheduled_temperature: bool = False):
+  """``prepare(state, batch) -> batch`` adding ``ref_logp_BxT``: the frozen
+  reference policy (``state.ref_params``) scored on the batch, without
+  gradient, inside the learner step (the same pass as the update's forward)."""
+
+  def prepare(state: TrainState, batch: Batch) -> Batch:
+    if "ref_logp_BxT" in batch:
+      return batch
+    tau = batch["temperature_B"][0] if scheduled_temperature else temperature
+    ref_logp_BxT, _ = sequence_logprobs(jax.lax.stop_gradient(state.ref_params),
+                                        batch["tokens_BxT"], model_config, temperature=tau,
+                                        impl=logprob_impl)
+    return dict(batch, ref_logp_BxT=ref_logp_BxT)
+
+  return prepare
 
 
 def _split(batch: Batch, micro_batches: int) -> Batch:
@@ -114,25 +160,34 @@ def _split(batch: Batch, micro_batches: int) -> Batch:
 
 
 def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
-                    *, micro_batches: int = 1):
-  """A pure ``step(state, batch) -> (state, metrics)`` (jit it with shardings)."""
+                    *, micro_batches: int = 1,
+                    prepare: Callable[[TrainState, Batch], Batch] | None = None):
+  """A pure ``step(state, batch) -> (state, metrics, outputs)`` (jit it with
+  shardings). ``prepare(state, batch)`` first adds inputs computed without
+  gradient from the state (:func:`reference_inputs`)."""
   if micro_batches < 1:
     raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-  def step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+  def step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics, Batch]:
+    if prepare is not None:
+      batch = prepare(state, batch)
     norm = objectives.batch_normalisers(batch["loss_mask_BxT"])
     if micro_batches == 1:
-      (loss, metrics), grads = grad_fn(state.params, batch, norm)
+      (loss, (metrics, outputs)), grads = grad_fn(state.params, batch, norm)
     else:
       def body(acc, micro):
-        return jax.tree.map(jnp.add, acc, grad_fn(state.params, micro, norm)), None
+        (loss, (metrics, outputs)), grads = grad_fn(state.params, micro, norm)
+        acc = jax.tree.map(jnp.add, acc, (loss, metrics, grads))
+        return acc, outputs
 
       micro = _split(batch, micro_batches)
-      shapes = jax.eval_shape(grad_fn, state.params,
-                              jax.tree.map(lambda x: x[0], micro), norm)
-      zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-      ((loss, metrics), grads), _ = jax.lax.scan(body, zeros, micro)
+      (_, (metrics_shape, _)), grads_shape = jax.eval_shape(
+          grad_fn, state.params, jax.tree.map(lambda x: x[0], micro), norm)
+      zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                           (jax.ShapeDtypeStruct((), jnp.float32), metrics_shape, grads_shape))
+      (loss, metrics, grads), outputs = jax.lax.scan(body, zeros, micro)
+      outputs = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), outputs)
       # Losses and gradients add up across micro-batches; metrics are means.
       metrics = jax.tree.map(lambda m: m / micro_batches, metrics)
     grad_norm = optax.global_norm(grads)
@@ -141,34 +196,71 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
-    new_state = TrainState(params=keep(params, state.params),
-                           opt_state=keep(opt_state, state.opt_state),
-                           step=state.step + ok.astype(jnp.int32))
-    metrics = dict(metrics, loss=loss, **{"signal/grad_norm": grad_norm,
-                                          "train/skipped": 1.0 - ok.astype(jnp.float32)})
-    return new_state, metrics
+    new_state = state.replace(params=keep(params, state.params),
+                              opt_state=keep(opt_state, state.opt_state),
+                              step=state.step + ok.astype(jnp.int32))
+    metrics = dict(metrics, **{"learner/loss": loss, "learner/grad_norm": grad_norm,
+                               "learner/skipped": 1.0 - ok.astype(jnp.float32)})
+    return new_state, metrics, outputs
 
   return step
 
 
-def shard_train_step(step, mesh, model_config, optimizer, params):
-  """``jax.jit`` of ``step`` with explicit shardings over ``mesh``.
-
-  Parameters follow the model's logical axes through the one rule table
-  (``sharding.LOGICAL_RULES``), optimiser moments follow their parameters,
-  batch arrays split along their leading axis over ``("data", "fsdp")``, and
-  the train state is donated. Returns ``(jitted_step, state_sharding)``; put
-  the state on the mesh with ``jax.device_put(state, state_sharding)``.
-  """
+def params_sharding(mesh, model_config, params):
+  """The parameters' shardings: the model's logical axes through the one rule
+  table (``sharding.LOGICAL_RULES``)."""
   from agentic_rl import model as model_lib  # pylint: disable=g-import-not-at-top
   from agentic_rl.train import sharding  # pylint: disable=g-import-not-at-top
-  params_sh = sharding.logical_to_sharding(model_lib.param_axes(model_config), mesh,
-                                           shapes=params)
+  return sharding.logical_to_sharding(model_lib.param_axes(model_config), mesh, shapes=params)
+
+
+def shard_train_step(step, mesh, model_config, optimizer, params, *,
+                     with_reference: bool = False):
+  """``jax.jit`` of ``step`` with explicit shardings over ``mesh``.
+
+  Parameters (and the reference policy's, ``with_reference``) follow
+  :func:`params_sharding`, optimiser moments follow their parameters, batch
+  arrays and outputs split along their leading axis over ``("data",
+  "fsdp")``, and the train state is donated. Returns ``(jitted_step,
+  state_sharding)``; put the state on the mesh with ``jax.device_put(state,
+  state_sharding)``.
+  """
+  from agentic_rl.train import sharding  # pylint: disable=g-import-not-at-top
+  params_sh = params_sharding(mesh, model_config, params)
   state_sh = TrainState(
       params=params_sh,
       opt_state=sharding.opt_state_sharding(optimizer, params, params_sh, mesh),
-      step=sharding.replicated(mesh))
+      step=sharding.replicated(mesh), ref_params=params_sh if with_reference else None)
   jitted = sharding.jit_sharded(
       step, mesh, in_shardings=(state_sh, sharding.batch_sharding(mesh)),
-      out_shardings=(state_sh, sharding.replicated(mesh)), donate_argnums=(0,))
+      out_shardings=(state_sh, sharding.replicated(mesh), sharding.batch_sharding(mesh)),
+      donate_argnums=(0,))
   return jitted, state_sh
+
+
+def shard_score(mesh, model_config, params, *, temperature: float = 1.0,
+                logprob_impl: str = "xla", scheduled_temperature: bool = False,
+                with_reference: bool = False):
+  """The learner's scoring pass, jitted over ``mesh``: ``score(params,
+  ref_params, tokens_BxT, tau) -> {"old_logp_BxT", ["ref_logp_BxT"]}``, float32
+  ``[B, T]`` split over the batch axes as the train step takes them.
+
+  The old log-probs (and the reference policy's, ``with_reference``) of one
+  batch in one call; ``tau`` is used when ``scheduled_temperature``.
+  """
+  from agentic_rl.train import sharding  # pylint: disable=g-import-not-at-top
+  params_sh = params_sharding(mesh, model_config, params)
+
+  def score(params, ref_params, tokens_BxT, tau):
+    t = tau if scheduled_temperature else temperature
+    out = {"old_logp_BxT": sequence_logprobs(params, tokens_BxT, model_config, temperature=t,
+                                             impl=logprob_impl)[0]}
+    if with_reference:
+      out["ref_logp_BxT"] = sequence_logprobs(ref_params, tokens_BxT, model_config,
+                                              temperature=t, impl=logprob_impl)[0]
+    return out
+
+  return sharding.jit_sharded(
+      score, mesh, in_shardings=(params_sh, params_sh if with_reference else None,
+                                 sharding.batch_sharding(mesh), sharding.replicated(mesh)),
+      out_shardings=sharding.batch_sharding(mesh))

@@ -241,17 +241,22 @@ class Controls:
 
 @dataclasses.dataclass
 class RLStage:
-  """The RL stage's compiled pieces and host-side state."""
+  """The RL stage's compiled pieces and host-side settings."""
 
   sampling: SamplingConfig
   objective: objectives.ObjectiveConfig
+  needs: frozenset  # objectives.required_inputs: what the estimator and loss take
   signal_cfg: signal.SignalConfig
   shift_cfg: shift.ShiftConfig
   explore_cfg: exploration.ExplorationConfig
   step_fn: Any
   state_sharding: Any
-  score_fn: Any
   rows: int
+  # The old (and reference) log-probs before the first of several updates per
+  # batch; None with one update, whose forward gives them.
+  score_fn: Any = None
+  # Kimi k1.5 mirror descent: the optimiser state restarts every iteration.
+  reset_fn: Any = None
   # ReMax: the greedy decode of each prompt gives its baseline; else None.
   greedy_sampling: SamplingConfig | None = None
 
@@ -262,24 +267,34 @@ def make_rl_stage(run: Run, stage, optimizer, params) -> RLStage:
   sampling = config_lib.sampling_config(cfg, temperature=stage.temperature,
                                         top_k=stage.top_k, top_p=stage.top_p)
   objective = config_lib.objective_config(stage)
+  signal_cfg = config_lib.signal_config(stage)
+  needs = objectives.required_inputs(
+      objective, global_stats=signal_cfg.allocation == "ada" and signal_cfg.ada_global_stats)
   explore_cfg = config_lib.exploration_config(stage)
-  scheduled = explore_cfg.scheduled_temperature
-  loss_fn = learner.rl_loss(run.model_config, objective, temperature=stage.temperature,
-                            logprob_impl=cfg.model.logprob_impl,
-                            adaptive_entropy=explore_cfg.adaptive_entropy,
-                            scheduled_temperature=scheduled)
+  scoring = dict(temperature=stage.temperature, logprob_impl=cfg.model.logprob_impl,
+                 scheduled_temperature=explore_cfg.scheduled_temperature)
+  with_reference = "ref_logp_BxT" in needs
+  loss_fn = learner.rl_loss(run.model_config, objective,
+                            adaptive_entropy=explore_cfg.adaptive_entropy, **scoring)
+  prepare = learner.reference_inputs(run.model_config, **scoring) if with_reference else None
   step_fn, state_sharding = learner.shard_train_step(
-      learner.make_train_step(loss_fn, optimizer, micro_batches=cfg.micro_batches),
-      run.mesh, run.model_config, optimizer, params)
-  score_fn = jax.jit(lambda params, tokens, tau: sequence_logprobs(
-      params, tokens, run.model_config, temperature=tau if scheduled else stage.temperature,
-      impl=cfg.model.logprob_impl)[0],
-      compiler_options=model_lib.compiler_options(run.mesh))
+      learner.make_train_step(loss_fn, optimizer, micro_batches=cfg.micro_batches,
+                              prepare=prepare),
+      run.mesh, run.model_config, optimizer, params, with_reference=with_reference)
+  score_fn = reset_fn = None
+  if stage.updates_per_batch > 1:
+    score_fn = learner.shard_score(run.mesh, run.model_config, params,
+                                   with_reference=with_reference, **scoring)
+  if config_lib.optimizer_config(stage, 1).reset_each_iteration:
+    reset_fn = sharding.jit_sharded(
+        lambda st: st.replace(opt_state=objectives.reset_optimizer_state(
+            optimizer, st.opt_state, st.params)),
+        run.mesh, in_shardings=(state_sharding,), out_shardings=state_sharding,
+        donate_argnums=(0,))
   greedy = (config_lib.sampling_config(cfg, greedy=True)
-            if objective.advantage == "remax" else None)
-  return RLStage(sampling, objective, config_lib.signal_config(stage),
-                 config_lib.shift_config(stage), explore_cfg, step_fn, state_sharding,
-                 score_fn, P * G, greedy)
+            if "greedy_rewards_P" in needs else None)
+  return RLStage(sampling, objective, needs, signal_cfg, config_lib.shift_config(stage),
+                 explore_cfg, step_fn, state_sharding, P * G, score_fn, reset_fn, greedy)
 
 
 def greedy_rewards(run: Run, rl: RLStage, actor_params, actor_version: int,
@@ -294,6 +309,23 @@ def greedy_rewards(run: Run, rl: RLStage, actor_params, actor_version: int,
   rewards, _ = signal.shape_truncated(rl.signal_cfg, greedy.reward_B, greedy.truncated_B,
                                       greedy.length_B)
   return np.asarray(rewards, np.float32)
+
+
+def all_rewards(rl: RLStage, generated: Rollout, generated_ids: np.ndarray,
+                prompt_ids_P: np.ndarray) -> dict[str, np.ndarray]:
+  """Reinforce-Ada's global statistics: the shaped rewards of every rollout
+  generated for each group's prompt this iteration, kept or not, as
+  ``all_rewards_PxN`` with ``all_mask_PxN`` (N the most any prompt got)."""
+  rewards, _ = signal.shape_truncated(rl.signal_cfg, generated.reward_B, generated.truncated_B,
+                                      generated.length_B)
+  rewards = np.asarray(rewards, np.float32)
+  per_prompt = [rewards[generated_ids == p] for p in prompt_ids_P]
+  N = max(len(r) for r in per_prompt)
+  out = np.zeros((len(per_prompt), N), np.float32)
+  mask = np.zeros((len(per_prompt), N), bool)
+  for i, r in enumerate(per_prompt):
+    out[i, :len(r)], mask[i, :len(r)] = r, True
+  return {"all_rewards_PxN": out, "all_mask_PxN": mask}
 
 
 def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_params,
@@ -311,25 +343,29 @@ def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_
   tau = float(exploration.temperature_at(rl.explore_cfg, step))
   scheduled = rl.explore_cfg.scheduled_temperature
   parts: list[Rollout] = []
-  rollout_tokens = [0]
+  part_ids: list[np.ndarray] = []
   t0 = time.perf_counter()
 
   def sample_fn(ids_N, n, k):
     """Outcomes of ``n`` rollouts for each of the prompts ``ids_N``."""
-    ro = run.rollout(actor_params, rl.sampling, "train", np.repeat(np.asarray(ids_N), n), k,
-                     actor_version, rl.rows, temperature=tau if scheduled else None)
+    ids = np.repeat(np.asarray(ids_N), n)
+    ro = run.rollout(actor_params, rl.sampling, "train", ids, k, actor_version, rl.rows,
+                     temperature=tau if scheduled else None)
     parts.append(ro)
-    rollout_tokens[0] += int(ro.loss_mask_BxT.sum())
+    part_ids.append(ids)
     return (ro.reward_components["outcome"] > 0.5).reshape(len(ids_N), n)
 
   key, draw_key = jax.random.split(key)
   prompt_ids = draw_prompts(P, draw_key)
   sampled = signal.allocate_rollouts(rl.signal_cfg, sample_fn, prompt_ids, G, key,
                                      draw_prompts=draw_prompts, history=history)
+  generated = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *parts)
   per_group = {}
-  if rl.greedy_sampling is not None:
+  if "greedy_rewards_P" in rl.needs:
     per_group["greedy_rewards_P"] = greedy_rewards(run, rl, actor_params, actor_version,
                                                    sampled.prompt_ids, key)
+  if "all_rewards_PxN" in rl.needs:
+    per_group.update(all_rewards(rl, generated, np.concatenate(part_ids), sampled.prompt_ids))
   rollout_s = time.perf_counter() - t0
   batch = _gather_rows(parts, sampled.call, sampled.row)
   history = signal.update_history(history, sampled.prompt_ids[sampled.group],
@@ -338,35 +374,43 @@ def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_
       rl.signal_cfg, batch.reward_B, batch.truncated_B, batch.length_B)
   rewards, seq_weight = np.asarray(rewards), np.asarray(seq_weight)
   adv_fn = objectives.make_advantage_fn(rl.objective)
-  if rl.objective.advantage == "rebn":
+  if "turn_rewards" in rl.needs:
     advantages = turn_advantages(adv_fn, batch, rewards)
   else:
     advantages = group_advantages(adv_fn, rewards, sampled.group, sampled.num_groups,
                                   **per_group)
   groups = dict(group_B=jnp.asarray(sampled.group), num_groups=sampled.num_groups)
 
+  # Staleness is counted in learner updates: the lag of each token behind
+  # the learner when the batch's first update begins.
   t1 = time.perf_counter()
-  tokens = jnp.asarray(batch.tokens_BxT)
-  old_logp = rl.score_fn(state.params, tokens, jnp.float32(tau))
   version = int(state.step)
+  tokens = jnp.asarray(batch.tokens_BxT)
   weights, shift_stats = shift.shift_weights(
       rl.shift_cfg, batch.loss_mask_BxT, batch.version_BxT, version)
   weights = weights * seq_weight[:, None]
   learn_batch = {"tokens_BxT": tokens, "loss_mask_BxT": weights,
                  "advantages": jnp.asarray(advantages, jnp.float32),
-                 "old_logp_BxT": old_logp,
                  "behaviour_logp_BxT": jnp.asarray(batch.behaviour_logp_BxT),
                  "entropy_coef_B": jnp.full(tokens.shape[:1], controls.entropy_coef, jnp.float32),
                  "temperature_B": jnp.full(tokens.shape[:1], tau, jnp.float32)}
+  learn_batch = sharding.shard_batch(learn_batch, run.mesh)
+  if rl.score_fn is not None:
+    learn_batch.update(rl.score_fn(state.params, state.ref_params, learn_batch["tokens_BxT"],
+                                   jnp.float32(tau)))
+  if rl.reset_fn is not None:
+    state = rl.reset_fn(state)
   learn_metrics = []
-  for _ in range(stage.updates_per_batch):
-    state, m = rl.step_fn(state, learn_batch)
+  for k in range(stage.updates_per_batch):
+    state, m, outputs = rl.step_fn(state, learn_batch)
+    if k == 0:  # the forward at the iteration's start: the learner's old log-probs
+      old_logp = learn_batch.get("old_logp_BxT", outputs["logp_BxT"])
     learn_metrics.append(m)
   learn_s = time.perf_counter() - t1
 
   success = np.asarray(batch.reward_components["outcome"]) > 0.5
   metrics = {"reward/mean": float(rewards.mean())}
-  if per_group:
+  if "greedy_rewards_P" in per_group:
     metrics["reward/greedy_baseline"] = float(per_group["greedy_rewards_P"].mean())
   metrics.update({f"reward/{k}": float(np.mean(v)) for k, v in batch.reward_components.items()})
   G_equal = _equal_group_size(sampled.group, sampled.num_groups)
@@ -382,23 +426,20 @@ def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_
   metrics.update(sampled.metrics)
   metrics["signal/prompt_difficulty"] = float(np.mean(run.tasks.difficulty_of(sampled.prompt_ids)))
   metrics.update(shift.shift_metrics(batch.loss_mask_BxT, batch.behaviour_logp_BxT,
-                                     old_logp, batch.version_BxT, version))
+                                     np.asarray(old_logp), batch.version_BxT, version))
   metrics.update(shift_stats)
   entropy_coef = float(exploration.update_entropy_coef(
       rl.explore_cfg, exploration.EntropyCoefState(jnp.float32(controls.entropy_coef)),
       metrics["explore/entropy"]).coef)
   metrics.update({"explore/entropy_coef": controls.entropy_coef, "explore/temperature": tau})
-  last = jax.tree.map(float, learn_metrics[-1])
-  metrics.update(last)
+  metrics.update(jax.tree.map(float, learn_metrics[-1]))
   metrics.update({
-      "shift/clip_frac": last.get("clip_frac", 0.0),
-      "signal/grad_norm": last["signal/grad_norm"],
-      "train/skipped": sum(float(m["train/skipped"]) for m in learn_metrics),
+      "learner/skipped": sum(float(m["learner/skipped"]) for m in learn_metrics),
       "episode/turns": float(np.mean(batch.num_turns_B)),
       "episode/tool_errors": float(np.mean(batch.num_tool_errors_B)),
       "episode/truncated": float(np.mean(batch.truncated_B)),
       "episode/length": float(np.mean(batch.length_B)),
-      "perf/rollout_tokens_per_s": rollout_tokens[0] / max(rollout_s, 1e-9),
+      "perf/rollout_tokens_per_s": int(generated.loss_mask_BxT.sum()) / max(rollout_s, 1e-9),
       "perf/learner_tokens_per_s": stage.updates_per_batch * float(np.sum(batch.length_B))
                                    / max(learn_s, 1e-9),
   })
@@ -466,6 +507,7 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
 
   def save(state: learner.TrainState, actors):
     tree = {"params": state.params, "opt_state": state.opt_state, "step": state.step,
+            "ref_params": state.ref_params,
             "actors": [a[0] for a in actors], "actor_versions": [a[1] for a in actors],
             "history": dataclasses.asdict(controls.history),
             "entropy_coef": np.float32(controls.entropy_coef), "rng": root_key}
@@ -490,12 +532,16 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
     stage, name = stages[progress.stage_index], cfg.stages[progress.stage_index]
     n_steps = _stage_steps(stage)
     optimizer = _stage_optimizer(stage, n_steps)
-    state = learner.init_train_state(params, optimizer)
+    # A KL penalty keeps the policy near the parameters the RL stage began with.
+    reference = (jax.tree.map(jnp.copy, params)
+                 if stage.kind == "rl" and config_lib.objective_config(stage).kl_coef else None)
+    state = learner.init_train_state(params, optimizer, reference)
     actors: collections.deque = collections.deque()
     if restored is not None and progress.stage_step:
       state = learner.TrainState(
           params, _restore_opt_state(optimizer, params, jax.tree.leaves(restored["opt_state"])),
-          jnp.asarray(restored["step"], jnp.int32))
+          jnp.asarray(restored["step"], jnp.int32),
+          restored.get("ref_params") if reference is not None else None)
       actors.extend(zip(restored["actors"], restored["actor_versions"]))
     restored = None
     stage_key = jax.random.fold_in(root_key, 1 + progress.stage_index)
@@ -513,7 +559,7 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
         t0 = time.perf_counter()
         rows = np.random.default_rng([cfg.seed, progress.global_step]).choice(
             n_rows, stage.batch_size, replace=False)
-        state, m = step_fn(state, {k: jnp.asarray(v[rows]) for k, v in data.items()})
+        state, m, _ = step_fn(state, {k: jnp.asarray(v[rows]) for k, v in data.items()})
         record = {k: float(v) for k, v in m.items()}
         if progress.stage_step == n_steps - 1:
           record.update(evaluate(run, state.params, stage_key))
@@ -544,9 +590,11 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
       while progress.stage_step < n_steps:
         t0 = time.perf_counter()
         it_key = jax.random.fold_in(stage_key, progress.stage_step)
-        # Off-policy mode: the actor runs parameters up to max_staleness updates old.
+        # Off-policy mode: the actor runs the oldest parameters at most
+        # max_staleness learner updates behind (snapshots are taken per batch,
+        # so with several updates per batch the lag is a multiple of them).
         actors.append((jax.tree.map(jnp.copy, state.params), int(state.step)))
-        while len(actors) > stage.max_staleness + 1:
+        while int(state.step) - actors[0][1] > stage.max_staleness:
           actors.popleft()
         state, controls, record = rl_iteration(run, rl, stage, state, *actors[0],
                                                draw_prompts, controls, it_key,

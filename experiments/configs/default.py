@@ -14,6 +14,22 @@ truncated importance sampling).
 """
 
 import ml_collections
+from ml_collections.config_dict import placeholder
+
+from agentic_rl import objectives
+
+
+def _keyed(kind: str, **overrides) -> ml_collections.ConfigDict:
+  """Every estimator's (``kind='advantage'``), loss's or correction's
+  hyper-parameters with their defaults, keyed by its name; only the chosen
+  one's are used (``--config.rl.loss_kwargs.cispo.eps_high=5``). None
+  defaults are typed placeholders, so the command line can set them."""
+  table = objectives.hyperparameter_defaults()[kind]
+  for name, values in overrides.items():
+    table[name].update(values)
+  return ml_collections.ConfigDict({
+      name: {k: placeholder(object) if v is None else v for k, v in kwargs.items()}
+      for name, kwargs in table.items()})
 
 
 def _sft_stage() -> ml_collections.ConfigDict:
@@ -44,19 +60,24 @@ def _rl_stage() -> ml_collections.ConfigDict:
       prompts_per_step=16,
       group_size=8,
       advantage="grpo",
-      advantage_kwargs=ml_collections.ConfigDict(dict(ddof=0)),
+      advantage_kwargs=_keyed("advantage", grpo=dict(ddof=0)),
       loss="ppo",
-      loss_kwargs=ml_collections.ConfigDict(dict(eps_low=0.2, eps_high=0.28)),
+      loss_kwargs=_keyed("loss", ppo=dict(eps_high=0.28)),  # DAPO's clip-higher
       agg="token_mean",
-      correction="none",  # behaviour/learner: none, tis, mis, opsm
-      correction_kwargs=ml_collections.ConfigDict(),
+      correction="none",  # behaviour/learner: none, tis, mis, icepop, opsm, decoupled
+      correction_kwargs=_keyed("correction"),
       entropy_coef=0.0,
+      # A KL penalty to the frozen policy the stage starts from, estimated by
+      # k1, k2 or k3 (logged as shift/kl_reference).
       kl_coef=0.0,
+      kl_estimator="k3",
       learning_rate=1e-3,
       warmup_steps=0,
       weight_decay=0.0,
       updates_per_batch=1,  # optimiser steps per rollout batch
-      optimizer="adamw",  # adamw, or mirror_descent (reset state each iteration)
+      # adamw, or mirror_descent (Kimi k1.5: the optimiser state restarts each
+      # iteration; with loss='kimi', whose tau weighs the KL to its start).
+      optimizer="adamw",
       max_staleness=0,  # 0 = synchronous on-policy
       # Invariant controllers (agentic_rl.invariants): signal.allocation is
       # uniform, dynamic (DAPO), ada (Reinforce-Ada) or knapsack; see
@@ -97,7 +118,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       weights=(0.5, 0.5),
       # Difficulty levels of the task pool: prompt i has difficulty[i % len].
       difficulty=(1,),
-      rewards=ml_collections.ConfigDict(dict(outcome=1.0, format=0.1, efficiency=0.1)),
+      rewards=ml_collections.ConfigDict(dict(outcome=1.0, format=0.1, efficiency=0.1,
+                                             efficiency_needs_success=True)),
       train_size=20_000,
       test_size=256,
   ))
@@ -124,6 +146,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                    head_dim=16, mlp_dim=64)
     c.sft.update(steps=4, batch_size=8, num_demos=64)
     c.rl.update(iterations=3, prompts_per_step=4, group_size=2)
+    # The tiny policy rarely succeeds: an efficiency reward that does not
+    # wait for success makes the rewards of a group differ, so every RL
+    # update moves the parameters.
+    c.tasks.rewards.efficiency_needs_success = False
     c.tasks.update(train_size=256, test_size=16)
     c.eval.update(every=2, num_prompts=8, pass_k=2, pass_k_prompts=4, batch_rows=8)
     c.checkpoint.every = 2

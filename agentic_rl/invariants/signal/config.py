@@ -33,6 +33,9 @@ class SignalConfig:
     ada_min_pos, ada_min_neg: a prompt leaves the rounds once it has this many
       successes and failures (1, 1: "mixed"; G/2, G/2: Reinforce-Ada-balance);
       the down-sampled group keeps at least this many of each when available.
+    ada_global_stats: Reinforce-Ada's global statistics: the advantage's group
+      mean (and std) run over every rollout generated for the prompt, kept or
+      not; False uses the down-sampling only (statistics of the kept group).
     prior_successes, prior_failures: Beta prior of a prompt's success rate,
       which is also the estimate for unseen prompts (posterior mean).
     history_decay: in (0, 1]; a prompt's past counts are multiplied by this each
@@ -60,6 +63,7 @@ class SignalConfig:
   ada_max_rounds: int = 4
   ada_min_pos: int = 1
   ada_min_neg: int = 1
+  ada_global_stats: bool = True
   prior_successes: float = 1.0
   prior_failures: float = 1.0
   history_decay: float = 1.0
