@@ -1,5 +1,8 @@
-"""Checkpointer: round trips, keep-N, resume, crash safety, sharded restore."""
+"""Checkpointer: round trips, keep-N, resume, crash safety, file errors,
+sharded restore."""
 
+import errno
+import logging
 import os
 import signal
 import subprocess
@@ -11,10 +14,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 import pytest
 
+from agentic_rl.train import checkpoint as checkpoint_lib
 from agentic_rl.train import sharding as sh
-from agentic_rl.train.checkpoint import Checkpointer
+from agentic_rl.train.checkpoint import Checkpointer, CheckpointWriteError
 
 
 def _state(seed=0):
@@ -229,6 +234,151 @@ def test_leftover_partial_directory_is_ignored_and_cleaned(tmp_path):
     state, _ = ckpt.restore()
     np.testing.assert_array_equal(state["w"], np.ones(3))
   assert not partial.exists()
+
+
+# --- file errors: a full disk, a file-size limit ----------------------------------
+
+
+@pytest.fixture
+def full_disk(monkeypatch):
+  """Makes orbax's JSON item writes (``meta``, ``typed_keys``, run in orbax's
+  save threads) fail with ENOSPC while ``full_disk["on"]`` is true."""
+  switch = {"on": False}
+  original = ocp.JsonCheckpointHandler._save_fn
+
+  async def save_fn(self, x, directory):
+    if switch["on"]:
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC),
+                    os.fspath(directory / "metadata"))
+    return await original(self, x, directory)
+
+  monkeypatch.setattr(ocp.JsonCheckpointHandler, "_save_fn", save_fn)
+  return switch
+
+
+def _orbax_errors(caplog):
+  return [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_full_disk_raises_one_line_and_keeps_the_previous_checkpoint(
+    tmp_path, full_disk, caplog):
+  with Checkpointer(tmp_path) as ckpt:
+    ckpt.save(1, {"w": np.full(3, 1.0)}, {"step": 1})
+    full_disk["on"] = True
+    with pytest.raises(CheckpointWriteError) as raised:
+      ckpt.save(2, {"w": np.full(3, 2.0)}, {"step": 2})
+    error = raised.value
+    assert isinstance(error, OSError) and error.errno == errno.ENOSPC
+    message = str(error)
+    assert "\n" not in message
+    assert str(tmp_path / "checkpoints") in message
+    assert "checkpoint 2" in message and "No space left on device" in message
+    assert "checkpoint 1 is intact" in message
+    assert error.__cause__ is None and error.__suppress_context__
+    assert not _orbax_errors(caplog)
+    # The partial step is gone; step 1 is whole.
+    assert os.listdir(tmp_path / "checkpoints") == ["1"]
+    assert ckpt.all_steps() == [1]
+    state, meta = ckpt.restore()
+    np.testing.assert_array_equal(state["w"], np.full(3, 1.0))
+    assert meta == {"step": 1}
+    full_disk["on"] = False  # space freed: the same checkpointer goes on
+    ckpt.save(3, {"w": np.full(3, 3.0)}, {"step": 3})
+    assert ckpt.all_steps() == [1, 3]
+
+
+def test_full_disk_in_an_async_save_is_raised_once(tmp_path, full_disk,
+                                                   caplog):
+  ckpt = Checkpointer(tmp_path, async_save=True)
+  ckpt.save(1, {"w": np.ones(3)})
+  ckpt.wait()
+  full_disk["on"] = True
+  with pytest.raises(CheckpointWriteError, match="checkpoint 2 .*No space"):
+    ckpt.save(2, {"w": np.zeros(3)})
+    ckpt.wait()
+  ckpt.close()  # already reported: not raised again
+  assert not _orbax_errors(caplog)
+  assert os.listdir(tmp_path / "checkpoints") == ["1"]
+
+
+def test_unreported_async_failure_is_raised_by_close(tmp_path, full_disk):
+  ckpt = Checkpointer(tmp_path, async_save=True)
+  full_disk["on"] = True
+  try:
+    ckpt.save(1, {"w": np.ones(3)})
+  except CheckpointWriteError:
+    pytest.skip("the write failed before save returned")
+  with pytest.raises(CheckpointWriteError, match="checkpoint 1 .*no earlier"):
+    ckpt.close()
+
+
+def test_other_errors_are_not_disguised(tmp_path, monkeypatch):
+  async def broken(self, x, directory):
+    raise RuntimeError("a bug, not a disk")
+
+  monkeypatch.setattr(ocp.JsonCheckpointHandler, "_save_fn", broken)
+  with Checkpointer(tmp_path) as ckpt:
+    with pytest.raises(RuntimeError, match="a bug") as raised:
+      ckpt.save(1, {"w": np.ones(3)})
+  assert not isinstance(raised.value, CheckpointWriteError)
+
+
+def test_write_errno_reads_tensorstore_errors_and_chains():
+  ts_error = ValueError('RESOURCE_EXHAUSTED: Error writing "w/0": Failed to '
+                        "write 8 bytes: No space left on device "
+                        "[os_error_code='28']")
+  assert checkpoint_lib._write_errno(ts_error) == errno.ENOSPC
+  try:
+    try:
+      raise OSError(errno.EDQUOT, "quota")
+    except OSError:
+      raise RuntimeError("wrapped")  # pylint: disable=raise-missing-from
+  except RuntimeError as e:
+    assert checkpoint_lib._write_errno(e) == errno.EDQUOT
+  assert checkpoint_lib._write_errno(ValueError("bad shape")) is None
+  assert checkpoint_lib._write_errno(OSError("no errno")) is None
+
+
+# A file-size limit makes tensorstore's own writes fail (EFBIG) in C++: the
+# same path as a full disk, including callbacks that fire on closed loops.
+_SIZE_LIMITED_WRITER = textwrap.dedent("""
+    import resource, signal, sys, time
+    import jax, jax.numpy as jnp
+    from agentic_rl.train.checkpoint import Checkpointer, CheckpointWriteError
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fail the write instead
+    ckpt = Checkpointer(sys.argv[1])
+    ckpt.save(1, {f"p{i}": jnp.full(4, 1.0) for i in range(40)})
+    resource.setrlimit(resource.RLIMIT_FSIZE, (32 << 10, resource.RLIM_INFINITY))
+    big = {f"p{i}": jax.random.normal(jax.random.key(i), (20000,))
+           for i in range(40)}
+    try:
+      ckpt.save(2, big)
+    except CheckpointWriteError as e:
+      print("errno", e.errno)
+      print(e)
+    time.sleep(0.5)  # in-flight writes finish on closed loops meanwhile
+    ckpt.close()
+    """)
+
+
+def test_failed_tensorstore_write_is_one_error_without_noise(tmp_path):
+  resource = pytest.importorskip("resource")
+  del resource
+  proc = subprocess.run(
+      [sys.executable, "-c", _SIZE_LIMITED_WRITER, str(tmp_path)],
+      capture_output=True, text=True, timeout=120, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  lines = proc.stdout.splitlines()
+  assert lines[0] == f"errno {errno.EFBIG}", proc.stdout + proc.stderr[-3000:]
+  assert lines[1].startswith(
+      f"cannot write checkpoint 2 in {tmp_path / 'checkpoints'}: File too large")
+  assert "Event loop is closed" not in proc.stderr
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert os.listdir(tmp_path / "checkpoints") == ["1"]
+  with Checkpointer(tmp_path) as ckpt:
+    state, _ = ckpt.restore()
+  np.testing.assert_array_equal(state["p0"], np.full(4, 1.0))
 
 
 # --- sharded across 8 devices, restored on another mesh -----------------------------

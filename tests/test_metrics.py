@@ -221,6 +221,23 @@ def test_summary_round_trip(tmp_path):
     m.write_summary(tmp_path, {"obj": object()})
 
 
+def test_wall_times_add_up_over_resumed_invocations(tmp_path):
+  first = m.wall_times({}, 30.0)
+  assert first == {"wall_s": 30.0, "wall_s_last": 30.0}
+  assert m.wall_times(None, 2.5) == {"wall_s": 2.5, "wall_s_last": 2.5}
+  # The summary goes through a checkpoint or summary.json between invocations.
+  m.write_summary(tmp_path, {"steps": 4, **first})
+  resumed = m.read_summary(tmp_path)
+  second = m.wall_times(resumed, 12.0)
+  assert second == {"wall_s": 42.0, "wall_s_last": 12.0}
+  # Repeated calls with the same snapshot do not accumulate.
+  assert m.wall_times(resumed, 15.0) == {"wall_s": 45.0, "wall_s_last": 15.0}
+  assert m.wall_times({"wall_s": math.nan}, 1.0)["wall_s"] == 1.0
+  for bad in (-1.0, math.inf):
+    with pytest.raises(ValueError, match="this_invocation_s"):
+      m.wall_times({}, bad)
+
+
 def test_importing_the_tensorboard_writer_does_not_import_torch():
   code = ("import sys; from agentic_rl.train import metrics; "
           "metrics._summary_writer_cls(); print('torch' in sys.modules)")

@@ -26,13 +26,29 @@ Resuming::
 
 In a multi-process run every process calls ``save`` / ``restore`` with its
 shards of the same global state; orbax coordinates the writes.
+
+A write that fails on a file error (a full disk, a quota, a read-only or
+vanished directory) raises :class:`CheckpointWriteError`, one line naming the
+directory, the step and the cause, instead of orbax's error: orbax's threads
+log the failure once per thread with a traceback, and tensorstore callbacks
+that finish after their event loop was closed print ``RuntimeError: Event
+loop is closed`` many times over.  Those reports are dropped (see
+:func:`_quiet_orbax_write_failures`); the error itself is raised once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import glob
 import json
+import logging
 import os
-from collections.abc import Mapping
+import re
+import shutil
+import sys
+import traceback
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
@@ -62,8 +78,13 @@ def _path_names(path) -> tuple[str, ...]:
 
 def _to_savable(x: Any) -> Any:
   if _is_typed_key(x):
-    return jax.random.key_data(x)
+    x = jax.random.key_data(x)
   if isinstance(x, np.generic):
+    return np.asarray(x)
+  # In a multi-process run orbax writes global arrays only; an array on this
+  # process's devices alone (a key, a host-side statistic) is saved as the
+  # numpy value every process holds.
+  if isinstance(x, jax.Array) and jax.process_count() > 1 and x.is_fully_addressable:
     return np.asarray(x)
   return x
 
@@ -104,6 +125,103 @@ def _check_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
   return dict(meta)
 
 
+class CheckpointWriteError(OSError):
+  """A checkpoint could not be written: disk full, quota, permissions, ...
+
+  ``errno`` is the cause's (``errno.ENOSPC`` for a full disk), ``filename``
+  the checkpoint directory, and the message one line.  The complete
+  checkpoints on disk are intact: orbax writes each step into a temporary
+  directory and renames it only once complete.
+  """
+
+  def __str__(self) -> str:
+    return self.strerror
+
+
+# tensorstore's errors reach orbax's caller as ValueError, the OS error in the
+# text: "... No space left on device [os_error_code='28']".
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
+_TMP_SUFFIX = ".orbax-checkpoint-tmp"
+
+
+def _write_errno(exc: BaseException | None) -> int | None:
+  """The errno of the failed file operation behind ``exc`` (following its
+  chain of causes), or None if it is not a file error."""
+  seen = set()
+  while exc is not None and id(exc) not in seen:
+    seen.add(id(exc))
+    if isinstance(exc, OSError) and exc.errno:
+      return exc.errno
+    match = _OS_ERROR_CODE.search(str(exc))
+    if match:
+      return int(match.group(1))
+    exc = exc.__cause__ or exc.__context__
+  return None
+
+
+def _in_orbax(filename: str) -> bool:
+  return f"{os.sep}orbax{os.sep}" in filename
+
+
+class _OrbaxWriteFailureFilter(logging.Filter):
+  """Drops log records of a file error in an orbax save.
+
+  Each of orbax's save threads (one per array handler, JSON item, metadata
+  and the finaliser) logs the same error with its traceback, and asyncio
+  logs "Task exception was never retrieved" for each write task left behind:
+  hundreds of lines for one full disk, which :class:`Checkpointer` raises
+  once instead.
+  """
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    exc = record.exc_info[1] if record.exc_info else None
+    if exc is None or _write_errno(exc) is None:
+      return True
+    frames = traceback.extract_tb(exc.__traceback__)
+    return not (_in_orbax(record.pathname)
+                or any(_in_orbax(f.filename) for f in frames))
+
+
+def _unraisable_filter(previous):
+  """A ``sys.unraisablehook`` that drops the leftovers of an orbax save
+  aborted by an error and passes everything else to ``previous``.
+
+  When one write fails, orbax closes its event loop while tensorstore still
+  has writes in flight.  As each finishes, its callback calls
+  ``loop.call_soon_threadsafe`` on the closed loop (``RuntimeError: Event
+  loop is closed``, reported as unraisable), and the coroutines that were
+  awaiting them are finalised unfinished, at interpreter exit with
+  ``ImportError: sys.meta_path is None``.  Only the names the hook needs are
+  bound here, so that it still works while the interpreter shuts down.
+  """
+  def hook(unraisable, previous=previous, in_orbax=_in_orbax,
+           extract_tb=traceback.extract_tb):
+    exc, obj = unraisable.exc_value, unraisable.object
+    if isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed" and any(
+        f.name == "call_soon_threadsafe"
+        for f in extract_tb(unraisable.exc_traceback)):
+      return
+    code = getattr(obj, "cr_code", None)
+    if code is not None and in_orbax(code.co_filename):
+      return
+    previous(unraisable)
+
+  hook.drops_orbax_leftovers = True
+  return hook
+
+
+def _quiet_orbax_write_failures() -> None:
+  """Install the log filter and unraisable hook above (once each; the hook
+  again if something replaced it).  Both only drop reports of failures that
+  :class:`Checkpointer` raises as :class:`CheckpointWriteError`."""
+  for name in ("absl", "asyncio"):  # orbax logs through absl
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, _OrbaxWriteFailureFilter) for f in logger.filters):
+      logger.addFilter(_OrbaxWriteFailureFilter())
+  if not getattr(sys.unraisablehook, "drops_orbax_leftovers", False):
+    sys.unraisablehook = _unraisable_filter(sys.unraisablehook)
+
+
 class Checkpointer:
   """Save / restore ``(state pytree, meta dict)`` under ``WORKDIR/checkpoints``.
 
@@ -112,7 +230,11 @@ class Checkpointer:
     keep: how many of the newest checkpoints to keep (>= 1).
     async_save: write in a background thread after copying the arrays to
       host memory; call :meth:`wait` (or :meth:`close`) before reading the
-      files or exiting.
+      files or exiting.  A failed background write is raised by the next
+      :meth:`save`, :meth:`wait` or :meth:`close`.
+
+  Raises:
+    CheckpointWriteError: the directory cannot be created or written.
   """
 
   def __init__(self, workdir: str | os.PathLike, keep: int = 3, *,
@@ -120,12 +242,52 @@ class Checkpointer:
     if not isinstance(keep, int) or keep < 1:
       raise ValueError(f"keep must be a positive int, got {keep!r}")
     self.directory = os.path.join(os.fspath(workdir), "checkpoints")
+    self._async = async_save
+    self._unfinished: int | None = None  # step of an async save in flight
+    self._failed = False  # a CheckpointWriteError was raised
+    _quiet_orbax_write_failures()
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=True, cleanup_tmp_directories=True,
         enable_async_checkpointing=async_save)
-    self._manager = ocp.CheckpointManager(
-        self.directory, options=options,
-        item_names=("state", "meta", "typed_keys"))
+    with self._write_errors(None):
+      self._manager = ocp.CheckpointManager(
+          self.directory, options=options,
+          item_names=("state", "meta", "typed_keys"))
+
+  @contextlib.contextmanager
+  def _write_errors(self, step: int | None) -> Iterator[None]:
+    """Turn a file error in the block into :class:`CheckpointWriteError` for
+    ``step``, after deleting its partial write (process 0) to give the space
+    back."""
+    try:
+      yield
+    except CheckpointWriteError:
+      raise
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      code = _write_errno(e)
+      if code is None:
+        raise
+      self._failed = True
+      if step is not None and jax.process_index() == 0:
+        for tmp in glob.glob(os.path.join(glob.escape(self.directory),
+                                          f"{step}{_TMP_SUFFIX}*")):
+          shutil.rmtree(tmp, ignore_errors=True)
+      raise CheckpointWriteError(code, self._write_error_message(step, code),
+                                 self.directory) from None
+
+  def _write_error_message(self, step: int | None, code: int) -> str:
+    what = "checkpoints" if step is None else f"checkpoint {step}"
+    manager = getattr(self, "_manager", None)
+    latest = None if manager is None else manager.latest_step()
+    kept = ("there is no earlier checkpoint" if latest is None else
+            f"checkpoint {latest} is intact and a rerun with the same workdir "
+            "resumes from it")
+    fix = ("free some space or use a workdir on a larger disk"
+           if code in (errno.ENOSPC, errno.EDQUOT)
+           else "check that the directory is writable")
+    name = errno.errorcode.get(code, str(code))
+    return (f"cannot write {what} in {self.directory}: {os.strerror(code)} "
+            f"({name}); {fix}; {kept}")
 
   def all_steps(self) -> list[int]:
     """Steps of the complete checkpoints on disk, ascending."""
@@ -147,6 +309,8 @@ class Checkpointer:
 
     Raises:
       ValueError: bad step (not after the latest checkpoint) or meta.
+      CheckpointWriteError: a file error (a full disk, ...) while writing
+        this step, or an earlier asynchronous one.
     """
     if not isinstance(step, (int, np.integer)) or step < 0:
       raise ValueError(f"step must be a non-negative int, got {step!r}")
@@ -161,10 +325,15 @@ class Checkpointer:
     leaves = jax.tree_util.tree_leaves_with_path(state)
     typed_keys = [[list(_path_names(p)), str(jax.random.key_impl(x))]
                   for p, x in leaves if _is_typed_key(x)]
-    saved = self._manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(jax.tree.map(_to_savable, state)),
-        meta=ocp.args.JsonSave(meta),
-        typed_keys=ocp.args.JsonSave({"typed_keys": typed_keys})))
+    if self._unfinished is not None:  # orbax waits for it first
+      self.wait()
+    with self._write_errors(step):
+      saved = self._manager.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(jax.tree.map(_to_savable, state)),
+          meta=ocp.args.JsonSave(meta),
+          typed_keys=ocp.args.JsonSave({"typed_keys": typed_keys})))
+    if self._async:
+      self._unfinished = step
     if not saved:
       raise RuntimeError(f"orbax declined to save step {step} in "
                          f"{self.directory}")
@@ -219,12 +388,31 @@ class Checkpointer:
     return state, dict(restored.meta)
 
   def wait(self) -> None:
-    """Block until an asynchronous save has finished writing."""
-    self._manager.wait_until_finished()
+    """Block until an asynchronous save has finished writing.
+
+    Raises:
+      CheckpointWriteError: that save failed on a file error.
+    """
+    step, self._unfinished = self._unfinished, None
+    with self._write_errors(step):
+      self._manager.wait_until_finished()
 
   def close(self) -> None:
-    """Finish pending writes and release the manager."""
-    self._manager.close()
+    """Finish pending writes and release the manager.
+
+    Raises:
+      CheckpointWriteError: a pending asynchronous save failed on a file
+        error.  A failure already raised is not raised again, so closing in
+        a ``finally`` block (or ``with``) keeps the first report.
+    """
+    step, self._unfinished = self._unfinished, None
+    reported = self._failed
+    try:
+      with self._write_errors(step):
+        self._manager.close()
+    except CheckpointWriteError:
+      if step is not None or not reported:
+        raise
 
   def __enter__(self) -> Checkpointer:
     return self

@@ -8,7 +8,8 @@ Files under the run's ``WORKDIR``:
   is strict JSON: a non-finite value is written as the string ``"nan"``,
   ``"inf"`` or ``"-inf"`` (:func:`read_metrics` turns them back into floats).
 * ``tensorboard/`` - event files (tensorboardX), one scalar per metric.
-* ``summary.json`` - :func:`write_summary`'s final numbers.
+* ``summary.json`` - :func:`write_summary`'s final numbers; a resumed run's
+  wall time over all its invocations comes from :func:`wall_times`.
 
 Only process 0 writes by default, so a multi-process run logs once.
 """
@@ -318,6 +319,39 @@ def write_summary(workdir: str | os.PathLike,
   path = os.path.join(os.fspath(workdir), SUMMARY_FILE)
   _atomic_write(path, text + "\n")
   return path
+
+
+def wall_times(previous_summary: Mapping[str, Any] | None,
+               this_invocation_s: float) -> dict[str, float]:
+  """The run's wall time when it spans several invocations (resumes).
+
+  ``wall_s`` is the total over the invocations, ``wall_s_last`` this
+  invocation's.  Intended use in ``loop.train``: keep the summary restored
+  from the checkpoint as it was (``resumed = dict(summary)``, ``{}`` for a
+  fresh run), and before each checkpoint and at the end::
+
+      summary.update(metrics.wall_times(resumed, time.perf_counter() - t_start))
+
+  so every checkpoint carries the time so far.  Pass that snapshot every
+  time, not the summary being updated, or earlier time counts twice.  The
+  time a killed invocation spent after its last checkpoint is not counted.
+
+  Args:
+    previous_summary: the summary when this invocation started; its
+      ``wall_s`` (absent: 0) is the earlier invocations' time.
+    this_invocation_s: seconds this invocation has run.
+
+  Raises:
+    ValueError: a negative or non-finite ``this_invocation_s``.
+  """
+  this = float(this_invocation_s)
+  if not math.isfinite(this) or this < 0:
+    raise ValueError(f"this_invocation_s must be a finite number >= 0, got "
+                     f"{this_invocation_s!r}")
+  earlier = float((previous_summary or {}).get("wall_s", 0.0))
+  if not math.isfinite(earlier) or earlier < 0:
+    earlier = 0.0
+  return {"wall_s": earlier + this, "wall_s_last": this}
 
 
 def read_summary(workdir: str | os.PathLike) -> dict[str, Any]:
