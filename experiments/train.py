@@ -16,6 +16,7 @@ Multi-host (one process per host, e.g. two hosts):
 import importlib.util
 import json
 import os
+import signal
 import sys
 
 from absl import app
@@ -43,8 +44,17 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   if _COORD.value:
     distributed.maybe_initialize(_COORD.value, _NPROC.value, _PID.value)
-  from agentic_rl.train import loop  # pylint: disable=g-import-not-at-top
-  summary = loop.train(_CONFIG.value, _WORKDIR.value)
+  from agentic_rl.train import checkpoint, loop  # pylint: disable=g-import-not-at-top
+  from agentic_rl.train import config as config_lib  # pylint: disable=g-import-not-at-top
+  try:
+    summary = loop.train(_CONFIG.value, _WORKDIR.value)
+  except (config_lib.ConfigError, loop.TrainingHalted, checkpoint.CheckpointWriteError) as e:
+    # A refused config or resume, a guard that stopped the run, a full disk:
+    # one line says what happened and what to change.
+    raise SystemExit(f"error: {e}") from None
+  if "stopped" in summary:
+    signum = getattr(signal, summary["stopped"], None)
+    raise SystemExit(128 + signum if signum else 1)
   print(json.dumps(summary, indent=1, sort_keys=True))
 
 

@@ -27,8 +27,13 @@ MIRROR_DESCENT_LOSSES = ("kimi",)
 GLOBAL_ESTIMATORS = ("reinforce_pp",)
 
 
+class ConfigError(ValueError):
+  """A config the trainer refuses, before anything is built; the message
+  names the key and the fix."""
+
+
 def _err(msg: str):
-  raise ValueError(msg)
+  raise ConfigError(msg)
 
 
 def model_config(cfg, vocab_size: int) -> model_lib.TransformerConfig:
@@ -164,7 +169,16 @@ def _validate_rl_stage(name: str, stage, model_cfg, levels) -> None:
 
 
 def validate(cfg) -> None:
-  """Raises ValueError naming the problem and the fix; builds nothing."""
+  """Raises :class:`ConfigError` naming the problem and the fix; builds nothing."""
+  try:
+    _validate(cfg)
+  except ConfigError:
+    raise
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+
+
+def _validate(cfg) -> None:
   if not cfg.stages:
     _err("config.stages is empty: name at least one stage section (e.g. 'sft', 'rl')")
   for name in cfg.stages:
@@ -174,7 +188,7 @@ def validate(cfg) -> None:
     if kind not in STAGE_KINDS:
       _err(f"config.{name}.kind is {kind!r}; expected one of {STAGE_KINDS}")
   for where in ("checkpoint.every", "checkpoint.keep", "eval.every", "eval.num_prompts",
-                "eval.batch_rows"):
+                "eval.batch_rows", "guards.max_consecutive_skips"):
     section, key = where.split(".")
     _check_positive(f"config.{where}", cfg[section][key])
   unknown = set(cfg.tasks.families) - set(registry.ENVS)

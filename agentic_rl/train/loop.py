@@ -40,7 +40,6 @@ from agentic_rl import model as model_lib
 from agentic_rl import objectives
 from agentic_rl.envs import scripted
 from agentic_rl.invariants import exploration, shift, signal
-from agentic_rl.model.scoring import sequence_logprobs
 from agentic_rl.rollout.engine import RolloutEngine
 from agentic_rl.rollout.sampling import SamplingConfig
 from agentic_rl.rollout.types import Rollout
@@ -48,8 +47,10 @@ from agentic_rl.text import codec as codec_lib
 from agentic_rl.text import load_tokenizer
 from agentic_rl.train import checkpoint as checkpoint_lib
 from agentic_rl.train import config as config_lib
+from agentic_rl.train import interrupt
 from agentic_rl.train import learner
 from agentic_rl.train import metrics as metrics_lib
+from agentic_rl.train import resume
 from agentic_rl.train import sharding
 from agentic_rl.train.tasks import Tasks, encode_prompts, generate_levels
 
@@ -426,12 +427,13 @@ def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_
   metrics.update(sampled.metrics)
   metrics["signal/prompt_difficulty"] = float(np.mean(run.tasks.difficulty_of(sampled.prompt_ids)))
   metrics.update(shift.shift_metrics(batch.loss_mask_BxT, batch.behaviour_logp_BxT,
-                                     np.asarray(old_logp), batch.version_BxT, version))
+                                     sharding.to_host(old_logp), batch.version_BxT, version))
   metrics.update(shift_stats)
   entropy_coef = float(exploration.update_entropy_coef(
       rl.explore_cfg, exploration.EntropyCoefState(jnp.float32(controls.entropy_coef)),
       metrics["explore/entropy"]).coef)
   metrics.update({"explore/entropy_coef": controls.entropy_coef, "explore/temperature": tau})
+  learn_metrics = sharding.to_host(learn_metrics)
   metrics.update(jax.tree.map(float, learn_metrics[-1]))
   metrics.update({
       "learner/skipped": sum(float(m["learner/skipped"]) for m in learn_metrics),
@@ -451,6 +453,15 @@ def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_
 # The console progress line: what is learnt, and one number per invariant.
 PROGRESS_KEYS = ("sft/nll", "reward/outcome", "eval/success", "explore/entropy",
                  "signal/zero_variance_frac", "shift/kl_behaviour_learner")
+# Alarms of the learner itself, in every stage: updates skipped as non-finite
+# and a policy collapsed to uniform (maximal entropy, zero gradient).
+LEARNER_BANDS = (("learner/skipped_consecutive", invariants.Band(high=0.5)),
+                 ("learner/uniform_policy", invariants.Band(high=0.5)))
+
+
+class TrainingHalted(RuntimeError):
+  """The run stopped itself because a guard tripped (the message says which
+  and what to change); its last checkpoint is saved."""
 
 
 @dataclasses.dataclass
@@ -461,6 +472,8 @@ class Progress:
   stage_step: int = 0
   global_step: int = 0
   data_pos: int = 0
+  skipped_total: int = 0
+  skipped_consecutive: int = 0
 
 
 def _stage_optimizer(stage, total_steps: int):
@@ -476,19 +489,40 @@ def _restore_opt_state(optimizer, params, leaves):
   return jax.tree.unflatten(jax.tree.structure(target), leaves)
 
 
+def _uniform_policy(record: dict[str, float], vocab_size: int) -> float:
+  """1.0 when the step's gradient is exactly 0 and the policy's entropy (or
+  the SFT loss) is ``ln V``: a policy collapsed to uniform, which no update
+  can leave."""
+  spread = record.get("explore/entropy", record.get("sft/nll", 0.0))
+  return float(record["learner/grad_norm"] == 0 and spread >= 0.999 * np.log(vocab_size))
+
+
 def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]:
   """Runs (or resumes) the configured stages; returns the summary.
 
-  ``stop_after`` ends the run after that many global steps with a checkpoint,
-  as an interruption would (the next call with the same ``workdir`` resumes).
+  A workdir with a checkpoint resumes, provided the config changes nothing
+  the checkpoint holds (:func:`resume.check_resume`). SIGTERM and SIGINT end
+  the run after the current step with a checkpoint (the summary's
+  ``stopped`` names the signal); so does ``stop_after`` after that many global
+  steps. ``cfg.guards.max_consecutive_skips`` non-finite steps in a row raise
+  :class:`TrainingHalted`.
   """
   t_start = time.perf_counter()
   run = build(cfg)
+  ckpt = checkpoint_lib.Checkpointer(workdir, keep=cfg.checkpoint.keep)
+  if ckpt.latest_step() is not None and (saved := resume.load_run_config(workdir)):
+    try:
+      notices = resume.check_resume(saved, resume.config_to_dict(cfg))
+    except ValueError as e:
+      ckpt.close()
+      raise config_lib.ConfigError(f"cannot resume {workdir}: {e}") from None
+    for notice in notices:
+      print(notice, file=sys.stderr)
+  resume.save_run_config(workdir, cfg)
   stages = [cfg[name] for name in cfg.stages]
   total = sum(_stage_steps(s) for s in stages)
   root_key = jax.random.key(cfg.seed)
   params = model_lib.init_params(run.model_config, jax.random.fold_in(root_key, 0))
-  ckpt = checkpoint_lib.Checkpointer(workdir, keep=cfg.checkpoint.keep)
   progress = Progress()
   controls = Controls(signal.init_history(cfg.tasks.train_size), 0.0)
   summary: dict[str, Any] = {}
@@ -502,10 +536,12 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
                         float(restored["entropy_coef"]))
     root_key = restored["rng"]
     print(f"resuming {workdir} at step {progress.global_step}")
+  earlier = dict(summary)  # the summary as this invocation found it
   writer = metrics_lib.MetricsWriter(workdir, total, start_step=progress.global_step,
                                      progress_keys=PROGRESS_KEYS)
 
   def save(state: learner.TrainState, actors):
+    summary.update(metrics_lib.wall_times(earlier, time.perf_counter() - t_start))
     tree = {"params": state.params, "opt_state": state.opt_state, "step": state.step,
             "ref_params": state.ref_params,
             "actors": [a[0] for a in actors], "actor_versions": [a[1] for a in actors],
@@ -514,117 +550,149 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
     ckpt.save(progress.global_step, tree,
               {"progress": dataclasses.asdict(progress), "summary": summary})
 
-  def log(record, t0):
+  def close():
+    ckpt.close()
+    writer.close()
+
+  last_alarms: set[str] = set()
+
+  def finish_step(name, bands, record, t0, state, actors) -> str | None:
+    """Alarms, logging, guards and checkpoints after a step; returns why the
+    run stops here (a signal's name or "stop_after"), else None."""
+    nonlocal last_alarms
+    skipped = record["learner/skipped"] > 0
+    progress.skipped_total += int(record["learner/skipped"])
+    progress.skipped_consecutive = progress.skipped_consecutive + 1 if skipped else 0
+    record.update({"learner/skipped_total": float(progress.skipped_total),
+                   "learner/skipped_consecutive": float(progress.skipped_consecutive),
+                   "learner/uniform_policy": _uniform_policy(record,
+                                                             run.model_config.vocab_size)})
+    bands = dict(bands + LEARNER_BANDS)
+    alarms = invariants.check_alarms(record, bands)
+    record.update(invariants.alarm_metrics(alarms))
+    fired = {k for k, v in alarms.items() if v}
+    if fired != last_alarms:  # on the console when the set of alarms changes
+      print(f"[{name} {progress.stage_step}] "
+            f"{invariants.format_alarms(record, bands) or 'alarms cleared'}",
+            file=sys.stderr, flush=True)
+      last_alarms = fired
     record.update({"perf/step_s": time.perf_counter() - t0, "stage": progress.stage_index})
     writer.write(progress.global_step, record)
     progress.stage_step += 1
     progress.global_step += 1
+    if progress.skipped_consecutive >= cfg.guards.max_consecutive_skips:
+      save(state, actors)
+      close()
+      raise TrainingHalted(
+          f"{progress.skipped_consecutive} consecutive steps of config.{name} were skipped "
+          f"because the loss or gradient was not finite ({progress.skipped_total} in all); the "
+          f"parameters are those before them, saved at step {progress.global_step}. Lower "
+          f"config.{name}.learning_rate or check the rewards, then rerun (a new --workdir "
+          "starts afresh); config.guards.max_consecutive_skips sets the limit")
+    stop = "stop_after" if stop_after is not None and progress.global_step >= stop_after else None
+    if sharding.agree(interrupts.requested is not None):  # every process stops together
+      stop = interrupts.requested or "a signal to another process"
+    if progress.stage_step == _stage_steps(stages[progress.stage_index]):
+      return stop  # the stage's end saves a checkpoint anyway
+    if stop or progress.stage_step % cfg.checkpoint.every == 0:
+      save(state, actors)
+    return stop
 
-  def interrupted(state, actors) -> bool:
-    if stop_after is None or progress.global_step < stop_after:
-      return False
-    save(state, actors)
-    ckpt.close()
-    writer.close()
-    return True
+  with interrupt.Interrupts() as interrupts:
+    while progress.stage_index < len(stages):
+      stage, name = stages[progress.stage_index], cfg.stages[progress.stage_index]
+      n_steps = _stage_steps(stage)
+      optimizer = _stage_optimizer(stage, n_steps)
+      # A KL penalty keeps the policy near the parameters the RL stage began with.
+      reference = (jax.tree.map(jnp.copy, params) if stage.kind == "rl"
+                   and config_lib.objective_config(stage).kl_coef else None)
+      state = learner.init_train_state(params, optimizer, reference)
+      actors: collections.deque = collections.deque()
+      if restored is not None and progress.stage_step:
+        state = learner.TrainState(
+            params, _restore_opt_state(optimizer, params, jax.tree.leaves(restored["opt_state"])),
+            jnp.asarray(restored["step"], jnp.int32),
+            restored.get("ref_params") if reference is not None else None)
+        actors.extend(zip(restored["actors"], restored["actor_versions"]))
+      restored = None
+      stage_key = jax.random.fold_in(root_key, 1 + progress.stage_index)
+      stop = None
 
-  while progress.stage_index < len(stages):
-    stage, name = stages[progress.stage_index], cfg.stages[progress.stage_index]
-    n_steps = _stage_steps(stage)
-    optimizer = _stage_optimizer(stage, n_steps)
-    # A KL penalty keeps the policy near the parameters the RL stage began with.
-    reference = (jax.tree.map(jnp.copy, params)
-                 if stage.kind == "rl" and config_lib.objective_config(stage).kl_coef else None)
-    state = learner.init_train_state(params, optimizer, reference)
-    actors: collections.deque = collections.deque()
-    if restored is not None and progress.stage_step:
-      state = learner.TrainState(
-          params, _restore_opt_state(optimizer, params, jax.tree.leaves(restored["opt_state"])),
-          jnp.asarray(restored["step"], jnp.int32),
-          restored.get("ref_params") if reference is not None else None)
-      actors.extend(zip(restored["actors"], restored["actor_versions"]))
-    restored = None
-    stage_key = jax.random.fold_in(root_key, 1 + progress.stage_index)
-    record: dict[str, float] = {}
+      if stage.kind == "sft":
+        data = demonstrations(run, stage, stage_key)
+        n_rows = data["tokens_BxT"].shape[0]
+        step_fn, state_sharding = learner.shard_train_step(learner.make_train_step(
+            learner.sft_loss(run.model_config, logprob_impl=cfg.model.logprob_impl),
+            optimizer, micro_batches=cfg.micro_batches),
+            run.mesh, run.model_config, optimizer, state.params)
+        state = jax.device_put(state, state_sharding)
+        while progress.stage_step < n_steps:
+          t0 = time.perf_counter()
+          rows = np.random.default_rng([cfg.seed, progress.global_step]).choice(
+              n_rows, stage.batch_size, replace=False)
+          state, m, _ = step_fn(state, {k: jnp.asarray(v[rows]) for k, v in data.items()})
+          record = {k: float(v) for k, v in sharding.to_host(m).items()}
+          if progress.stage_step == n_steps - 1:
+            record.update(evaluate(run, state.params, stage_key))
+            summary[f"{name}_success"] = summary["sft_success"] = record["eval/success"]
+          if stop := finish_step(name, (), record, t0, state, actors):
+            break
+      else:
+        rl = make_rl_stage(run, stage, optimizer, state.params)
+        state = jax.device_put(state, rl.state_sharding)
+        if progress.stage_step == 0:
+          controls = dataclasses.replace(controls, entropy_coef=rl.explore_cfg.entropy_coef)
 
-    if stage.kind == "sft":
-      data = demonstrations(run, stage, stage_key)
-      n_rows = data["tokens_BxT"].shape[0]
-      step_fn, state_sharding = learner.shard_train_step(learner.make_train_step(
-          learner.sft_loss(run.model_config, logprob_impl=cfg.model.logprob_impl),
-          optimizer, micro_batches=cfg.micro_batches),
-          run.mesh, run.model_config, optimizer, state.params)
-      state = jax.device_put(state, state_sharding)
-      while progress.stage_step < n_steps:
-        t0 = time.perf_counter()
-        rows = np.random.default_rng([cfg.seed, progress.global_step]).choice(
-            n_rows, stage.batch_size, replace=False)
-        state, m, _ = step_fn(state, {k: jnp.asarray(v[rows]) for k, v in data.items()})
-        record = {k: float(v) for k, v in m.items()}
-        if progress.stage_step == n_steps - 1:
-          record.update(evaluate(run, state.params, stage_key))
-          summary[f"{name}_success"] = summary["sft_success"] = record["eval/success"]
-        log(record, t0)
-        if progress.stage_step < n_steps and interrupted(state, actors):
-          return summary
-        if progress.stage_step % cfg.checkpoint.every == 0 and progress.stage_step < n_steps:
-          save(state, actors)
-    else:
-      rl = make_rl_stage(run, stage, optimizer, state.params)
-      state = jax.device_put(state, rl.state_sharding)
-      if progress.stage_step == 0:
-        controls = dataclasses.replace(controls, entropy_coef=rl.explore_cfg.entropy_coef)
+        def draw_prompts(num, key):
+          """In data order, or prioritised by each prompt's failure rate and/or
+          restricted to the curriculum's current difficulties (Kimi k1.5)."""
+          if rl.signal_cfg.prompt_sampling == "prioritised" or rl.signal_cfg.curriculum:
+            return signal.select_prompts(
+                rl.signal_cfg, controls.history, num, key, step=progress.stage_step,
+                difficulty_N=run.tasks.difficulty_of(np.arange(cfg.tasks.train_size)))
+          ids = (progress.data_pos + np.arange(num)) % cfg.tasks.train_size
+          progress.data_pos += num
+          return ids
 
-      def draw_prompts(num, key):
-        """In data order, or prioritised by each prompt's failure rate and/or
-        restricted to the curriculum's current difficulties (Kimi k1.5)."""
-        if rl.signal_cfg.prompt_sampling == "prioritised" or rl.signal_cfg.curriculum:
-          return signal.select_prompts(
-              rl.signal_cfg, controls.history, num, key, step=progress.stage_step,
-              difficulty_N=run.tasks.difficulty_of(np.arange(cfg.tasks.train_size)))
-        ids = (progress.data_pos + np.arange(num)) % cfg.tasks.train_size
-        progress.data_pos += num
-        return ids
+        bands = rl.signal_cfg.bands + rl.shift_cfg.bands + rl.explore_cfg.bands
+        while progress.stage_step < n_steps:
+          t0 = time.perf_counter()
+          it_key = jax.random.fold_in(stage_key, progress.stage_step)
+          # Off-policy mode: the actor runs the oldest parameters at most
+          # max_staleness learner updates behind (snapshots are taken per
+          # batch, so with several updates per batch the lag is a multiple
+          # of them).
+          actors.append((jax.tree.map(jnp.copy, state.params), int(state.step)))
+          while int(state.step) - actors[0][1] > stage.max_staleness:
+            actors.popleft()
+          state, controls, record = rl_iteration(run, rl, stage, state, *actors[0],
+                                                 draw_prompts, controls, it_key,
+                                                 progress.stage_step)
+          last = progress.stage_step == n_steps - 1
+          if (progress.stage_step + 1) % cfg.eval.every == 0 or last:
+            record.update(evaluate(run, state.params, it_key))
+          if last:
+            summary[f"{name}_success"] = summary["rl_success"] = record["eval/success"]
+          if stop := finish_step(name, bands, record, t0, state, actors):
+            break
+      if progress.stage_step < n_steps:  # stopped inside the stage (saved)
+        close()
+        print(f"stopped ({stop}) at step {progress.global_step}; run again with the same "
+              "workdir to resume", file=sys.stderr)
+        return dict(summary, stopped=stop)
+      params = state.params
+      if f"{name}_success" not in summary:  # resumed with fewer steps than were done
+        summary[f"{name}_success"] = evaluate(run, params, stage_key)["eval/success"]
+      print(f"[{name}] held-out success: {summary[f'{name}_success']:.3f}")
+      progress.stage_index += 1
+      progress.stage_step = 0
+      save(learner.TrainState(params, {}, jnp.zeros((), jnp.int32)), ())
+      if stop and progress.stage_index < len(stages):
+        close()
+        return dict(summary, stopped=stop)
 
-      last_alarms: set[str] = set()
-      while progress.stage_step < n_steps:
-        t0 = time.perf_counter()
-        it_key = jax.random.fold_in(stage_key, progress.stage_step)
-        # Off-policy mode: the actor runs the oldest parameters at most
-        # max_staleness learner updates behind (snapshots are taken per batch,
-        # so with several updates per batch the lag is a multiple of them).
-        actors.append((jax.tree.map(jnp.copy, state.params), int(state.step)))
-        while int(state.step) - actors[0][1] > stage.max_staleness:
-          actors.popleft()
-        state, controls, record = rl_iteration(run, rl, stage, state, *actors[0],
-                                               draw_prompts, controls, it_key,
-                                               progress.stage_step)
-        if (progress.stage_step + 1) % cfg.eval.every == 0 or progress.stage_step == n_steps - 1:
-          record.update(evaluate(run, state.params, it_key))
-        if progress.stage_step == n_steps - 1:
-          summary[f"{name}_success"] = summary["rl_success"] = record["eval/success"]
-        bands = dict(rl.signal_cfg.bands + rl.shift_cfg.bands + rl.explore_cfg.bands)
-        alarms = invariants.check_alarms(record, bands)
-        record.update(invariants.alarm_metrics(alarms))
-        fired = {k for k, v in alarms.items() if v}
-        if fired != last_alarms:  # on the console when the set of alarms changes
-          print(f"[{name} {progress.stage_step}] "
-                f"{invariants.format_alarms(record, bands) or 'alarms cleared'}",
-                file=sys.stderr, flush=True)
-          last_alarms = fired
-        log(record, t0)
-        if progress.stage_step < n_steps and interrupted(state, actors):
-          return summary
-        if progress.stage_step % cfg.checkpoint.every == 0 and progress.stage_step < n_steps:
-          save(state, actors)
-    params = state.params
-    print(f"[{name}] held-out success: {summary[f'{name}_success']:.3f}")
-    progress.stage_index += 1
-    progress.stage_step = 0
-    save(learner.TrainState(params, {}, jnp.zeros((), jnp.int32)), ())
-
-  ckpt.close()
-  writer.close()
-  summary.update(steps=progress.global_step, wall_s=time.perf_counter() - t_start)
+  close()
+  summary.update(steps=progress.global_step,
+                 **metrics_lib.wall_times(earlier, time.perf_counter() - t_start))
   metrics_lib.write_summary(workdir, summary)
   return summary

@@ -5,8 +5,9 @@ The mesh has three axes, always in this order:
 * ``data``   - pure data parallelism: the batch is split, parameters are
   replicated.
 * ``fsdp``   - fully sharded data parallelism: the batch is split *and* the
-  parameters' ``embed`` dimension is sharded (ZeRO-3 style; XLA all-gathers
-  the weights for the matmuls and reduce-scatters the gradients).
+  parameters' ``embed`` dimension is sharded (ZeRO-3 style): they are stored
+  sharded, a step all-gathers them once for its forward and backward
+  (:func:`gathered`) and XLA reduces the gradients back onto the shards.
 * ``tensor`` - tensor (model) parallelism over heads / MLP / vocabulary.
 
 Model code names the dimensions of every parameter with *logical* axis names
@@ -320,6 +321,32 @@ def shard_batch(batch_pytree: Any, mesh: Mesh,
   return jax.device_put(batch_pytree, sharding)
 
 
+def to_host(tree: Any) -> Any:
+  """numpy copies of a pytree of (global) arrays, on every process.
+
+  An array that spans other processes' devices is gathered first
+  (``multihost_utils.process_allgather``), so host-side code such as the
+  metrics reads the same values in a single- and a multi-process run.
+  """
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+  def one(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+  return jax.tree.map(one, tree)
+
+
+def agree(flag: bool) -> bool:
+  """True on every process when ``flag`` is True on any of them (a
+  collective: every process must call it at the same point)."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return bool(np.any(multihost_utils.process_allgather(np.asarray(flag, np.int32))))
+
+
 def opt_state_sharding(optimizer: optax.GradientTransformation,
                        abstract_params: Any, params_sharding: Any,
                        mesh: Mesh) -> Any:
@@ -337,6 +364,34 @@ def opt_state_sharding(optimizer: optax.GradientTransformation,
   return optax.tree_map_params(
       optimizer, lambda _, sharding: sharding, abstract_state, params_sharding,
       transform_non_params=lambda _: replicated(mesh))
+
+
+def gathered(shardings: Any,
+             rules: Mapping[str, MeshAxes] = LOGICAL_RULES) -> Any:
+  """The layout parameters are computed in: ``shardings`` (a pytree of
+  ``NamedSharding``) without the mesh axes that split the batch (the
+  ``batch`` rule's, ``("data", "fsdp")``); the other axes (``tensor``) stay.
+
+  FSDP keeps the parameters sharded over ``fsdp`` between steps, and a step
+  constrains them to this layout before its forward
+  (``jax.lax.with_sharding_constraint``): one all-gather of the weights per
+  step. Left to XLA's sharding propagation, an ``embed`` dimension sharded
+  over the axis that also splits the batch wins over the batch: the
+  activations shard over ``embed``, so every device runs the whole batch,
+  the batch arrays are all-gathered and every projection's partial sums are
+  all-reduced, in each layer of the forward and the backward.
+  """
+  batch_axes = set(_rule_axes("batch", rules))
+
+  def one(s: NamedSharding) -> NamedSharding:
+    entries = []
+    for entry in s.spec:
+      axes = () if entry is None else (entry,) if isinstance(entry, str) else entry
+      kept = tuple(a for a in axes if a not in batch_axes)
+      entries.append(None if not kept else kept[0] if len(kept) == 1 else kept)
+    return NamedSharding(s.mesh, PartitionSpec(*entries))
+
+  return jax.tree.map(one, shardings)
 
 
 def _check_shardings(what: str, shardings: Any, mesh: Mesh) -> None:

@@ -130,6 +130,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   c.micro_batches = 1
   c.checkpoint = ml_collections.ConfigDict(dict(every=20, keep=2))
+  # The run stops (with a checkpoint and a message) after this many steps in a
+  # row whose loss or gradient was not finite (each such update is skipped).
+  c.guards = ml_collections.ConfigDict(dict(max_consecutive_skips=20))
   c.stages = ("sft", "rl")
   c.sft = _sft_stage()
   c.rl = _rl_stage()

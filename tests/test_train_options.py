@@ -1,0 +1,94 @@
+"""Trainer options through ``loop.train``: each one changes what it should."""
+
+import os
+
+import numpy as np
+import pytest
+
+from agentic_rl import objectives
+from agentic_rl.train import learner
+from agentic_rl.train import loop
+from agentic_rl.train import metrics as metrics_lib
+from experiments.configs import default
+
+
+def _rl_only(iterations=3):
+  cfg = default.get_config("tiny")
+  cfg.stages = ("rl",)
+  cfg.rl.iterations = iterations
+  cfg.eval.every = 100  # held-out evaluation at the end only
+  return cfg
+
+
+def _rl_records(cfg, workdir):
+  loop.train(cfg, str(workdir))
+  return metrics_lib.read_metrics(os.path.join(str(workdir), "metrics.jsonl"))
+
+
+class _Built(Exception):
+  """Raised by a spy once the RL stage's objective is known."""
+
+
+@pytest.mark.parametrize("loss", objectives.POLICY_LOSSES)
+def test_each_loss_runs_with_its_own_hyperparameters(loss, monkeypatch):
+  seen = []
+
+  def spy(model_config, objective, **kwargs):
+    seen.append(objective)
+    raise _Built
+
+  monkeypatch.setattr(learner, "rl_loss", spy)
+  cfg = _rl_only()
+  cfg.rl.loss = loss
+  with pytest.raises(_Built):
+    loop.train(cfg, "/nonexistent-unused")
+  [objective] = seen
+  want = objectives.hyperparameter_defaults()["loss"][loss]
+  if loss == "ppo":
+    want = dict(want, eps_high=0.28)  # the default config's clip-higher
+  assert dict(objective.loss_kwargs) == want
+  # A keyword set for another loss never reaches this one.
+  other = "cispo" if loss != "cispo" else "ppo"
+  cfg.rl.loss_kwargs[other].update(eps_high=9.0)
+  seen.clear()
+  with pytest.raises(_Built):
+    loop.train(cfg, "/nonexistent-unused")
+  assert dict(seen[0].loss_kwargs) == want
+
+
+def test_mirror_descent_resets_the_optimiser_and_changes_the_updates(tmp_path):
+  runs = {}
+  for optimizer in ("adamw", "mirror_descent"):
+    cfg = _rl_only()
+    cfg.rl.update(loss="kimi", advantage="kimi", optimizer=optimizer)
+    runs[optimizer] = _rl_records(cfg, tmp_path / optimizer)
+  adamw, md = runs["adamw"], runs["mirror_descent"]
+  # The first iteration's gradient is the same; a reset Adam (bias correction
+  # from step 1 every iteration) then takes other steps, so later batches
+  # and losses differ.
+  np.testing.assert_allclose(adamw[0]["learner/grad_norm"], md[0]["learner/grad_norm"],
+                             rtol=1e-5)
+  assert any(a["learner/grad_norm"] > 0 for a in adamw[:-1])
+  assert not np.isclose(adamw[-1]["learner/loss"], md[-1]["learner/loss"], rtol=1e-4)
+
+
+def test_reinforce_ada_baseline_runs_over_every_generated_rollout(tmp_path, monkeypatch):
+  made, original = [], loop.group_advantages
+
+  def spy(adv_fn, rewards_B, group_B, num_groups, **per_group):
+    made.append((rewards_B, group_B, per_group))
+    return original(adv_fn, rewards_B, group_B, num_groups, **per_group)
+
+  monkeypatch.setattr(loop, "group_advantages", spy)
+  cfg = _rl_only(iterations=1)
+  cfg.rl.update(advantage="dr_grpo")
+  cfg.rl.signal.update(allocation="ada", ada_max_rounds=3)
+  [record] = _rl_records(cfg, tmp_path)
+  [(rewards_B, group_B, per_group)] = made
+  all_PxN, mask_PxN = per_group["all_rewards_PxN"], per_group["all_mask_PxN"]
+  P, G = cfg.rl.prompts_per_step, cfg.rl.group_size
+  assert all_PxN.shape[0] == P and mask_PxN.sum() >= P * G
+  assert mask_PxN.sum() == record["signal/rollouts"]
+  # Each kept reward is among its prompt's generated ones.
+  for b, g in enumerate(group_B):
+    assert np.isclose(all_PxN[g][mask_PxN[g]], rewards_B[b]).any()
