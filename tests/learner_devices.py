@@ -1,13 +1,16 @@
 """Subprocess worker: the trainer's RL learner step on a mesh, printing losses.
 
   XLA_FLAGS=--xla_force_host_platform_device_count=8 \
-      python tests/learner_devices.py DATA FSDP TENSOR
+      python tests/learner_devices.py DATA FSDP TENSOR [collectives]
 
 Three steps of ``learner.shard_train_step(make_train_step(rl_loss(...)))`` on
-the tiny transformer with two micro-batches; prints the losses as JSON.
+the tiny transformer with two micro-batches; prints the losses as JSON. With
+``collectives``: compiles one step (one micro-batch) instead and prints the
+number of collectives inside its loops (the layer scan) as JSON.
 """
 
 import json
+import re
 import sys
 
 import jax
@@ -19,7 +22,7 @@ from agentic_rl.train import learner
 from agentic_rl.train import sharding
 
 
-def main(data, fsdp, tensor):
+def main(data, fsdp, tensor, mode="losses"):
   jax.config.update("jax_default_matmul_precision", "highest")
   cfg = model_lib.TransformerConfig.tiny(vocab_size=64)
   params = model_lib.init_params(cfg, jax.random.key(0))
@@ -27,8 +30,9 @@ def main(data, fsdp, tensor):
   mesh = sharding.make_mesh(sharding.MeshConfig(data=data, fsdp=fsdp, tensor=tensor),
                             devices=jax.devices()[:data * fsdp * tensor])
   loss = learner.rl_loss(cfg, objectives.ObjectiveConfig(loss="ppo", correction="tis"))
+  micro_batches = 1 if mode == "collectives" else 2
   step, state_sh = learner.shard_train_step(
-      learner.make_train_step(loss, opt, micro_batches=2), mesh, cfg, opt, params)
+      learner.make_train_step(loss, opt, micro_batches=micro_batches), mesh, cfg, opt, params)
   state = jax.device_put(learner.init_train_state(params, opt), state_sh)
   k = jax.random.split(jax.random.key(1), 4)
   B, T = 8, 12
@@ -37,6 +41,13 @@ def main(data, fsdp, tensor):
            "advantages": jax.random.normal(k[2], (B,)),
            "old_logp_BxT": -jax.random.uniform(k[3], (B, T)),
            "behaviour_logp_BxT": -jax.random.uniform(k[3], (B, T)) - 0.01}
+  if mode == "collectives":
+    hlo = step.lower(state, batch).compile().as_text()
+    collectives = re.findall(
+        r" (?:all-gather|all-reduce|all-to-all|reduce-scatter|collective-permute)"
+        r"(?:-start)?\(.*/while/body/", hlo)
+    print(json.dumps({"loop_collectives": len(collectives)}))
+    return
   losses = []
   for _ in range(3):
     state, metrics, _ = step(state, batch)
@@ -45,4 +56,4 @@ def main(data, fsdp, tensor):
 
 
 if __name__ == "__main__":
-  main(*map(int, sys.argv[1:4]))
+  main(*map(int, sys.argv[1:4]), *sys.argv[4:5])

@@ -187,6 +187,16 @@ def test_opt_state_sharding_mirrors_params():
   assert state[0].mu["w1"].sharding.spec == P("fsdp", "tensor")
 
 
+def test_gathered_drops_only_the_batch_axes():
+  mesh = sh.make_mesh(sh.MeshConfig(1, 1, 1), jax.devices()[:1])
+  specs = {"w": P("fsdp", "tensor"), "u": P(("tensor", "fsdp"), None),
+           "b": P(("data", "fsdp")), "r": P()}
+  got = sh.gathered({k: NamedSharding(mesh, s) for k, s in specs.items()})
+  assert {k: s.spec for k, s in got.items()} == {
+      "w": P(None, "tensor"), "u": P("tensor", None), "b": P(None), "r": P()}
+  assert all(s.mesh == mesh for s in got.values())
+
+
 def test_jit_sharded_validates_before_tracing():
   mesh = sh.make_mesh(sh.MeshConfig(1, 1, 1), jax.devices()[:1])
   other = sh.make_mesh(sh.MeshConfig(1, 1, 1), jax.devices()[:1][::-1])

@@ -20,6 +20,7 @@ too.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -221,9 +222,11 @@ def shard_train_step(step, mesh, model_config, optimizer, params, *,
   Parameters (and the reference policy's, ``with_reference``) follow
   :func:`params_sharding`, optimiser moments follow their parameters, batch
   arrays and outputs split along their leading axis over ``("data",
-  "fsdp")``, and the train state is donated. Returns ``(jitted_step,
-  state_sharding)``; put the state on the mesh with ``jax.device_put(state,
-  state_sharding)``.
+  "fsdp")``, and the train state is donated. Inside the step the parameters
+  are gathered over ``fsdp`` (``sharding.gathered``: one all-gather per step,
+  the forward and backward then run as on the data-parallel layout). Returns
+  ``(jitted_step, state_sharding)``; put the state on the mesh with
+  ``jax.device_put(state, state_sharding)``.
   """
   from agentic_rl.train import sharding  # pylint: disable=g-import-not-at-top
   params_sh = params_sharding(mesh, model_config, params)
@@ -231,8 +234,16 @@ def shard_train_step(step, mesh, model_config, optimizer, params, *,
       params=params_sh,
       opt_state=sharding.opt_state_sharding(optimizer, params, params_sh, mesh),
       step=sharding.replicated(mesh), ref_params=params_sh if with_reference else None)
+  compute_sh = sharding.gathered(params_sh)
+
+  @functools.wraps(step)
+  def gathered_step(state: TrainState, batch: Batch):
+    gather = lambda p: p if p is None else jax.lax.with_sharding_constraint(p, compute_sh)
+    return step(state.replace(params=gather(state.params),
+                              ref_params=gather(state.ref_params)), batch)
+
   jitted = sharding.jit_sharded(
-      step, mesh, in_shardings=(state_sh, sharding.batch_sharding(mesh)),
+      gathered_step, mesh, in_shardings=(state_sh, sharding.batch_sharding(mesh)),
       out_shardings=(state_sh, sharding.replicated(mesh), sharding.batch_sharding(mesh)),
       donate_argnums=(0,))
   return jitted, state_sh
@@ -250,8 +261,12 @@ def shard_score(mesh, model_config, params, *, temperature: float = 1.0,
   """
   from agentic_rl.train import sharding  # pylint: disable=g-import-not-at-top
   params_sh = params_sharding(mesh, model_config, params)
+  compute_sh = sharding.gathered(params_sh)  # as the train step (shard_train_step)
 
   def score(params, ref_params, tokens_BxT, tau):
+    params = jax.lax.with_sharding_constraint(params, compute_sh)
+    if with_reference:
+      ref_params = jax.lax.with_sharding_constraint(ref_params, compute_sh)
     t = tau if scheduled_temperature else temperature
     out = {"old_logp_BxT": sequence_logprobs(params, tokens_BxT, model_config, temperature=t,
                                              impl=logprob_impl)[0]}
