@@ -58,8 +58,9 @@ def _run_layouts(tmp_path, devices, layouts):
 
 
 @pytest.mark.parametrize("devices, layouts", [
-    (2, ("data=2", "fsdp=2")),
+    (2, ("fsdp=2",)),
     (4, ("data=2,fsdp=2",)),
+    pytest.param(2, ("data=2", "tensor=2"), marks=pytest.mark.slow),
     pytest.param(4, ("data=4", "fsdp=4", "data=2,tensor=2"), marks=pytest.mark.slow),
     pytest.param(8, ("data=2,fsdp=2,tensor=2", "fsdp=8"), marks=pytest.mark.slow),
 ])

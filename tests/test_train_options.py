@@ -92,3 +92,21 @@ def test_reinforce_ada_baseline_runs_over_every_generated_rollout(tmp_path, monk
   # Each kept reward is among its prompt's generated ones.
   for b, g in enumerate(group_B):
     assert np.isclose(all_PxN[g][mask_PxN[g]], rewards_B[b]).any()
+
+
+def test_kl_reference_is_the_stage_start_or_a_named_checkpoint(tmp_path):
+  start = _rl_only(iterations=1)
+  start.rl.kl_coef = 0.05
+  [at_start] = _rl_records(start, tmp_path / "start")
+  # The first update's forward is at the reference itself.
+  assert at_start["shift/kl_reference"] < 1e-6
+  other = _rl_only(iterations=1)
+  other.seed = 3  # other initial parameters
+  loop.train(other, str(tmp_path / "other"))
+  named = _rl_only(iterations=1)
+  named.rl.update(kl_coef=0.05, reference_from=str(tmp_path / "other"))
+  [from_named] = _rl_records(named, tmp_path / "named")
+  assert from_named["shift/kl_reference"] > 1e-3
+  named.rl.reference_from = str(tmp_path / "missing")
+  with pytest.raises(ValueError, match="reference_from"):
+    loop.train(named, str(tmp_path / "refused"))

@@ -8,6 +8,7 @@ that the model, sampler, objectives and invariant controllers take.
 
 from __future__ import annotations
 
+import os
 
 from agentic_rl import model as model_lib
 from agentic_rl import objectives
@@ -134,6 +135,13 @@ def _validate_rl_stage(name: str, stage, model_cfg, levels) -> None:
          f"pi_old)^2, which is the loss 'kimi'; set --config.{name}.loss=kimi (tau: "
          f"--config.{name}.loss_kwargs.kimi.tau), got loss={stage.loss!r}")
   _validate_keyed_kwargs(name, stage)
+  if stage.get("reference_from"):
+    if not stage.kl_coef:
+      _err(f"config.{name}.reference_from names a reference policy, which only a KL "
+           f"penalty uses; set config.{name}.kl_coef > 0 or clear reference_from")
+    if not os.path.isdir(os.path.join(stage.reference_from, "checkpoints")):
+      _err(f"config.{name}.reference_from={stage.reference_from!r} is not a run directory "
+           "with checkpoints (WORKDIR/checkpoints)")
   if stage.get("kl_estimator", "k3") not in objectives.KL_ESTIMATORS:
     _err(f"config.{name}.kl_estimator is {stage.kl_estimator!r}; valid: "
          f"{', '.join(objectives.KL_ESTIMATORS)}")

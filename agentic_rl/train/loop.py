@@ -286,7 +286,7 @@ def make_rl_stage(run: Run, stage, optimizer, params) -> RLStage:
   if stage.updates_per_batch > 1:
     score_fn = learner.shard_score(run.mesh, run.model_config, params,
                                    with_reference=with_reference, **scoring)
-  if config_lib.optimizer_config(stage, 1).reset_each_iteration:
+  if config_lib.optimizer_config(stage, stage.iterations).reset_each_iteration:
     reset_fn = sharding.jit_sharded(
         lambda st: st.replace(opt_state=objectives.reset_optimizer_state(
             optimizer, st.opt_state, st.params)),
@@ -489,6 +489,25 @@ def _restore_opt_state(optimizer, params, leaves):
   return jax.tree.unflatten(jax.tree.structure(target), leaves)
 
 
+def reference_policy(stage, params):
+  """The frozen policy a KL penalty keeps the stage near, or None without one:
+  the parameters of the latest checkpoint in ``stage.reference_from``, else
+  those the stage starts from (``params``)."""
+  if stage.kind != "rl" or not config_lib.objective_config(stage).kl_coef:
+    return None
+  if not stage.get("reference_from"):
+    return jax.tree.map(jnp.copy, params)
+  with checkpoint_lib.Checkpointer(stage.reference_from) as source:
+    restored, _ = source.restore()
+  reference = jax.tree.map(jnp.asarray, restored["params"])
+  if jax.tree.structure(reference) != jax.tree.structure(params) or any(
+      a.shape != b.shape for a, b in zip(jax.tree.leaves(reference), jax.tree.leaves(params))):
+    raise config_lib.ConfigError(
+        f"config reference_from={stage.reference_from!r}: its parameters do not have this "
+        "model's structure and shapes (config.model)")
+  return reference
+
+
 def _uniform_policy(record: dict[str, float], vocab_size: int) -> float:
   """1.0 when the step's gradient is exactly 0 and the policy's entropy (or
   the SFT loss) is ``ln V``: a policy collapsed to uniform, which no update
@@ -603,9 +622,7 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
       stage, name = stages[progress.stage_index], cfg.stages[progress.stage_index]
       n_steps = _stage_steps(stage)
       optimizer = _stage_optimizer(stage, n_steps)
-      # A KL penalty keeps the policy near the parameters the RL stage began with.
-      reference = (jax.tree.map(jnp.copy, params) if stage.kind == "rl"
-                   and config_lib.objective_config(stage).kl_coef else None)
+      reference = reference_policy(stage, params)
       state = learner.init_train_state(params, optimizer, reference)
       actors: collections.deque = collections.deque()
       if restored is not None and progress.stage_step:

@@ -172,7 +172,7 @@ class MetricsWriter:
     os.makedirs(self.workdir, exist_ok=True)
     if os.path.exists(self.path):
       kept = [r for r in read_metrics(self.path) if r["step"] < start_step]
-      _atomic_write(self.path, "".join(_json_line(r) for r in kept))
+      atomic_write(self.path, "".join(_json_line(r) for r in kept))
     self._file = open(self.path, "a", encoding="utf-8")
     if tensorboard:
       # tensorboardX names files by the second and opens them with "wb": a
@@ -267,7 +267,9 @@ def _json_line(record: Mapping[str, Any]) -> str:
   return json.dumps(_encode_tree(record), allow_nan=False) + "\n"
 
 
-def _atomic_write(path: str, text: str) -> None:
+def atomic_write(path: str, text: str) -> None:
+  """Write ``text`` to ``path`` through a temporary file and a rename, so a
+  reader (or a crash) never sees half a file."""
   tmp = f"{path}.tmp-{os.getpid()}"
   with open(tmp, "w", encoding="utf-8") as f:
     f.write(text)
@@ -317,7 +319,7 @@ def write_summary(workdir: str | os.PathLike,
     raise ValueError(f"summary must be JSON-serialisable: {e}") from None
   os.makedirs(os.fspath(workdir), exist_ok=True)
   path = os.path.join(os.fspath(workdir), SUMMARY_FILE)
-  _atomic_write(path, text + "\n")
+  atomic_write(path, text + "\n")
   return path
 
 

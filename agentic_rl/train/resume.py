@@ -33,6 +33,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from agentic_rl.train import metrics as metrics_lib
+
 CONFIG_FILE = "config.json"
 
 # Keys that may change when a run resumes: a dotted prefix ending in "." covers
@@ -102,12 +104,7 @@ def save_run_config(workdir: str | os.PathLike, cfg) -> str | None:
     return None
   os.makedirs(os.fspath(workdir), exist_ok=True)
   path = os.path.join(os.fspath(workdir), CONFIG_FILE)
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(text)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  metrics_lib.atomic_write(path, text)
   return path
 
 

@@ -67,10 +67,12 @@ def _rl_stage() -> ml_collections.ConfigDict:
       correction="none",  # behaviour/learner: none, tis, mis, icepop, opsm, decoupled
       correction_kwargs=_keyed("correction"),
       entropy_coef=0.0,
-      # A KL penalty to the frozen policy the stage starts from, estimated by
-      # k1, k2 or k3 (logged as shift/kl_reference).
+      # A KL penalty to a frozen reference policy, estimated by k1, k2 or k3
+      # (logged as shift/kl_reference): the parameters the stage starts from,
+      # or those of the latest checkpoint of the run directory reference_from.
       kl_coef=0.0,
       kl_estimator="k3",
+      reference_from="",
       learning_rate=1e-3,
       warmup_steps=0,
       weight_decay=0.0,
