@@ -199,6 +199,11 @@ def _validate(cfg) -> None:
                 "eval.batch_rows", "guards.max_consecutive_skips"):
     section, key = where.split(".")
     _check_positive(f"config.{where}", cfg[section][key])
+  for key in ("num_prompts", "pass_k_prompts"):
+    if cfg.eval[key] > cfg.tasks.test_size:
+      _err(f"config.eval.{key}={cfg.eval[key]} exceeds the held-out pool "
+           f"config.tasks.test_size={cfg.tasks.test_size}; evaluation reads the first "
+           "prompts of that pool")
   unknown = set(cfg.tasks.families) - set(registry.ENVS)
   if unknown:
     _err(f"config.tasks.families has unknown task families {sorted(unknown)}; "

@@ -138,8 +138,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.stages = ("sft", "rl")
   c.sft = _sft_stage()
   c.rl = _rl_stage()
-  c.distributed = ml_collections.ConfigDict(dict(
-      coordinator_address="", num_processes=1, process_id=0))
 
   if "calc" in variants:
     c.tasks.families, c.tasks.weights = ("calc_chain",), (1.0,)
