@@ -24,7 +24,8 @@ REQUIRED = (
     "explore/distinct_success_seqs", "explore/tool_seq_edit_dist", "signal/zero_variance_frac", "signal/adv_std",
     "signal/effective_token_frac", "learner/grad_norm", "shift/staleness_mean",
     "shift/staleness_max", "shift/is_ratio_mean", "shift/is_ratio_max", "learner/clip_frac",
-    "learner/loss", "learner/ratio_max", "shift/kl_reference", "shift/weight_zero_frac",
+    "learner/loss", "learner/ratio_max", "learner/entropy", "shift/kl_reference",
+    "shift/weight_zero_frac",
     "shift/logprob_mismatch_max", "shift/kl_behaviour_learner", "perf/rollout_tokens_per_s",
     "reward/greedy_baseline",
     "perf/learner_tokens_per_s", "perf/step_s")
@@ -87,6 +88,9 @@ def test_sft_then_rl_end_to_end(straight):
     # max_staleness of them and no token is dropped for it.
     assert r["shift/staleness_max"] <= cfg.rl.max_staleness
     assert r["shift/weight_zero_frac"] == 0
+  # On policy (the first batch), the learner's forward scores the behaviour
+  # policy's own distribution: the same entropy.
+  np.testing.assert_allclose(rl[0]["learner/entropy"], rl[0]["explore/entropy"], rtol=1e-4)
   # Snapshots are per batch of two updates: the lag is 0, then 2.
   assert [r["shift/staleness_max"] for r in rl] == [0, 2, 2]
   # The RL updates move the policy away from the reference (the metrics are

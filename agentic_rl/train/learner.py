@@ -74,14 +74,15 @@ def sft_loss(model_config, *, logprob_impl: str = "xla") -> LossFn:
 
 
 # Where the policy loss's metrics go in the run's metrics. The loss's
-# mismatch_* repeat the shift monitors (``shift/kl_behaviour_learner``, ...).
+# mismatch_* repeat the shift monitors (``shift/kl_behaviour_learner``, ...)
+# and its entropy the forward's output (``learner/entropy`` in the trainer).
 _LOSS_METRIC_NAMES = {"pg_loss": "learner/pg_loss", "is_ratio_mean": "learner/ratio_mean",
                       "is_ratio_max": "learner/ratio_max", "approx_kl": "learner/kl_old_new",
-                      "entropy": "learner/entropy", "kl_ref": "shift/kl_reference"}
+                      "kl_ref": "shift/kl_reference"}
 
 
 def _metric_name(key: str) -> str | None:
-  if key.startswith("mismatch_"):
+  if key.startswith("mismatch_") or key == "entropy":
     return None
   return _LOSS_METRIC_NAMES.get(key, f"learner/{key}")
 

@@ -406,6 +406,7 @@ def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_
     state, m, outputs = rl.step_fn(state, learn_batch)
     if k == 0:  # the forward at the iteration's start: the learner's old log-probs
       old_logp = learn_batch.get("old_logp_BxT", outputs["logp_BxT"])
+      learner_entropy_BxT = outputs["entropy_BxT"]
     learn_metrics.append(m)
   learn_s = time.perf_counter() - t1
 
@@ -434,6 +435,9 @@ def rl_iteration(run: Run, rl: RLStage, stage, state: learner.TrainState, actor_
       metrics["explore/entropy"]).coef)
   metrics.update({"explore/entropy_coef": controls.entropy_coef, "explore/temperature": tau})
   learn_metrics = sharding.to_host(learn_metrics)
+  mask = np.asarray(batch.loss_mask_BxT) > 0
+  metrics["learner/entropy"] = float(np.sum(sharding.to_host(learner_entropy_BxT) * mask)
+                                     / max(mask.sum(), 1))
   metrics.update(jax.tree.map(float, learn_metrics[-1]))
   metrics.update({
       "learner/skipped": sum(float(m["learner/skipped"]) for m in learn_metrics),
