@@ -13,10 +13,22 @@ Variants (the ``:arg`` suffix, comma-separated): ``tiny`` (seconds, for tests),
 truncated importance sampling).
 """
 
+import dataclasses
+
 import ml_collections
 from ml_collections.config_dict import placeholder
 
 from agentic_rl import objectives
+from agentic_rl.invariants import shift, signal
+
+
+def _fields(cls, exclude=(), **overrides) -> ml_collections.ConfigDict:
+  """Every field of the controller config ``cls`` with its default (None as a
+  typed placeholder), so each can be set from the command line."""
+  values = {f.name: f.default for f in dataclasses.fields(cls) if f.name not in exclude}
+  values.update(overrides)
+  return ml_collections.ConfigDict(
+      {k: placeholder(object) if v is None else v for k, v in values.items()})
 
 
 def _keyed(kind: str, **overrides) -> ml_collections.ConfigDict:
@@ -86,8 +98,8 @@ def _rl_stage() -> ml_collections.ConfigDict:
       # SignalConfig and ShiftConfig for every field. Dynamic sampling is the
       # default: with uniform allocation two thirds of the groups carry no
       # gradient on this task and RL stalls (README).
-      signal=ml_collections.ConfigDict(dict(allocation="dynamic")),
-      shift=ml_collections.ConfigDict(dict(stale_mode="drop")),
+      signal=_fields(signal.SignalConfig, exclude=("bands",), allocation="dynamic"),
+      shift=_fields(shift.ShiftConfig, exclude=("bands", "max_staleness")),
       # Exploration controllers (ExplorationConfig): entropy_band=(low, high)
       # adapts the entropy bonus (starting at entropy_coef, which must then be
       # in [entropy_coef_min, entropy_coef_max]); temperature_schedule decays
