@@ -66,7 +66,8 @@ def test_micro_batches_give_the_full_batch_update(agg):
     st, metrics, outputs = step(learner.init_train_state(params, opt), batch)
     states.append((st, metrics, outputs))
   (a, ma, oa), (b, mb, ob) = states
-  np.testing.assert_allclose(ma["learner/loss"], mb["learner/loss"], rtol=1e-6, atol=1e-7)
+  for k in ("learner/loss", "learner/pg_loss", "learner/ratio_max"):
+    np.testing.assert_allclose(ma[k], mb[k], rtol=1e-6, atol=1e-7, err_msg=k)
   np.testing.assert_allclose(ma["learner/grad_norm"], mb["learner/grad_norm"], rtol=1e-5)
   # The forward's per-token outputs come back whole, in row order.
   want_logp, want_entropy = sequence_logprobs(params, batch["tokens_BxT"], CFG)
@@ -77,6 +78,15 @@ def test_micro_batches_give_the_full_batch_update(agg):
     np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
   # The update moved the parameters.
   assert not np.allclose(jax.tree.leaves(a.params)[0], jax.tree.leaves(params)[0])
+
+
+def test_sft_nll_of_micro_batches_is_the_whole_batchs():
+  params = model_lib.init_params(CFG, jax.random.key(0))
+  opt = optax.sgd(0.1)
+  batch = _batch(jax.random.key(3))
+  nll = [jax.jit(learner.make_train_step(learner.sft_loss(CFG), opt, micro_batches=m))(
+      learner.init_train_state(params, opt), batch)[1]["sft/nll"] for m in (1, 4)]
+  np.testing.assert_allclose(nll[1], nll[0], rtol=1e-6)
 
 
 def test_sft_loss_is_masked_nll():

@@ -161,6 +161,20 @@ def _split(batch: Batch, micro_batches: int) -> Batch:
   return jax.tree.map(split, batch)
 
 
+def _combine_micro(name: str, values_M: jax.Array) -> jax.Array:
+  """One metric of the whole batch from its micro-batches' values ``[M]``.
+
+  Losses are aggregated with the whole batch's normalisers, so they add up
+  (``*loss``, ``*/nll``); maxima take the maximum; every other metric (a
+  masked mean of its micro-batch) is averaged, exact for equal token counts.
+  """
+  if name.endswith(("loss", "/nll")):
+    return values_M.sum(0)
+  if name.endswith("_max"):
+    return values_M.max(0)
+  return values_M.mean(0)
+
+
 def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                     *, micro_batches: int = 1,
                     prepare: Callable[[TrainState, Batch], Batch] | None = None):
@@ -180,18 +194,17 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
     else:
       def body(acc, micro):
         (loss, (metrics, outputs)), grads = grad_fn(state.params, micro, norm)
-        acc = jax.tree.map(jnp.add, acc, (loss, metrics, grads))
-        return acc, outputs
+        acc = jax.tree.map(jnp.add, acc, (loss, grads))
+        return acc, (metrics, outputs)
 
       micro = _split(batch, micro_batches)
-      (_, (metrics_shape, _)), grads_shape = jax.eval_shape(
-          grad_fn, state.params, jax.tree.map(lambda x: x[0], micro), norm)
+      _, grads_shape = jax.eval_shape(grad_fn, state.params,
+                                      jax.tree.map(lambda x: x[0], micro), norm)
       zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                           (jax.ShapeDtypeStruct((), jnp.float32), metrics_shape, grads_shape))
-      (loss, metrics, grads), outputs = jax.lax.scan(body, zeros, micro)
+                           (jax.ShapeDtypeStruct((), jnp.float32), grads_shape))
+      (loss, grads), (metrics_M, outputs) = jax.lax.scan(body, zeros, micro)
       outputs = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), outputs)
-      # Losses and gradients add up across micro-batches; metrics are means.
-      metrics = jax.tree.map(lambda m: m / micro_batches, metrics)
+      metrics = {k: _combine_micro(k, v) for k, v in metrics_M.items()}
     grad_norm = optax.global_norm(grads)
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     grads = jax.tree.map(lambda g: jnp.where(ok, g, 0.0), grads)
