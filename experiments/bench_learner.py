@@ -3,11 +3,12 @@ against Tunix's actor train step, side by side.
 
   python -m experiments.bench_learner --out runs/bench_learner.json \
       [--batch 16] [--seq_len 128] [--prompt_len 32] [--repeats 10] \
-      [--cpu_devices 2] [--tunix auto|off]
+      [--cpu_devices 2] [--tunix auto|off] [--attn_impl xla|xla_vjp]
 
 One randomly initialised Llama-style model (by default 0.79M parameters:
 hidden 128, 2 layers, 4 heads of 32 (MHA), SwiGLU width 512, vocab 1024,
-untied unembedding, RoPE base 1e6 as Tunix's Llama 3 applies it) and one
+untied unembedding, RoPE base 1e6 as Tunix's Llama 3 applies it; our
+attention ``--attn_impl``, default ``"xla"`` as the model's) and one
 rollout batch of ``--batch`` rows of ``--seq_len`` tokens, the first
 ``--prompt_len`` of each a prompt (loss mask 0), with random per-sequence
 advantages (GRPO's are computed before the learner step) and old log-probs
@@ -78,6 +79,8 @@ _SEED = flags.DEFINE_integer("seed", 0, "Seed for weights and batch.")
 _CPU_DEVICES = flags.DEFINE_integer("cpu_devices", 2, "XLA host devices on CPU.")
 _TUNIX = flags.DEFINE_enum("tunix", "auto", ["auto", "off"],
                            "auto: time Tunix's step where tunix imports.")
+_ATTN_IMPL = flags.DEFINE_enum("attn_impl", "xla", ["xla", "xla_vjp"],
+                               "Our model's attn_impl (TransformerConfig).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +100,7 @@ class BenchConfig:
   warmup: int = 2
   seed: int = 0
   tunix: bool = True
+  attn_impl: str = "xla"
 
   def model_config(self) -> model_lib.TransformerConfig:
     """MHA of ``d_model // n_heads`` per head, untied, RoPE base 1e6."""
@@ -104,7 +108,7 @@ class BenchConfig:
         vocab_size=self.vocab, d_model=self.d_model, n_layers=self.n_layers,
         n_heads=self.n_heads, n_kv_heads=self.n_heads,
         head_dim=self.d_model // self.n_heads, mlp_dim=self.mlp_dim,
-        rope_theta=1e6)
+        rope_theta=1e6, attn_impl=self.attn_impl)
 
 
 def make_batch(cfg: BenchConfig, model_config, params) -> dict[str, np.ndarray]:
@@ -332,7 +336,8 @@ def main(argv):
       batch=_BATCH.value, seq_len=_SEQ_LEN.value, prompt_len=_PROMPT_LEN.value,
       d_model=_D_MODEL.value, n_layers=_N_LAYERS.value, n_heads=_N_HEADS.value,
       mlp_dim=_MLP_DIM.value, vocab=_VOCAB.value, repeats=_REPEATS.value,
-      warmup=_WARMUP.value, seed=_SEED.value, tunix=_TUNIX.value == "auto")
+      warmup=_WARMUP.value, seed=_SEED.value, tunix=_TUNIX.value == "auto",
+      attn_impl=_ATTN_IMPL.value)
   result = run(cfg)
   result["argv"] = sys.argv[1:]
   print_table(result)

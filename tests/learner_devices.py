@@ -5,10 +5,12 @@
 
 Three steps of ``learner.shard_train_step(make_train_step(rl_loss(...)))`` on
 the tiny transformer with two micro-batches; prints the losses as JSON. With
-``collectives``: compiles one step (one micro-batch) instead and prints the
-number of collectives inside its loops (the layer scan) as JSON.
+``collectives``: compiles one step (one micro-batch, the layer scan kept as a
+loop: ``scan_unroll=1``) instead and prints the number of collectives of
+each kind inside its loops as JSON.
 """
 
+import collections
 import json
 import re
 import sys
@@ -24,7 +26,8 @@ from agentic_rl.train import sharding
 
 def main(data, fsdp, tensor, mode="losses"):
   jax.config.update("jax_default_matmul_precision", "highest")
-  cfg = model_lib.TransformerConfig.tiny(vocab_size=64)
+  cfg = model_lib.TransformerConfig.tiny(vocab_size=64,
+                                        scan_unroll=1 if mode == "collectives" else None)
   params = model_lib.init_params(cfg, jax.random.key(0))
   opt = objectives.make_optimizer(objectives.OptimizerConfig(learning_rate=1e-2))
   mesh = sharding.make_mesh(sharding.MeshConfig(data=data, fsdp=fsdp, tensor=tensor),
@@ -44,9 +47,9 @@ def main(data, fsdp, tensor, mode="losses"):
   if mode == "collectives":
     hlo = step.lower(state, batch).compile().as_text()
     collectives = re.findall(
-        r" (?:all-gather|all-reduce|all-to-all|reduce-scatter|collective-permute)"
+        r" (all-gather|all-reduce|all-to-all|reduce-scatter|collective-permute)"
         r"(?:-start)?\(.*/while/body/", hlo)
-    print(json.dumps({"loop_collectives": len(collectives)}))
+    print(json.dumps({"loop_collectives": dict(collections.Counter(collectives))}))
     return
   losses = []
   for _ in range(3):

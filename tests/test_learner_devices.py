@@ -1,5 +1,6 @@
 """The learner step gives the same losses on 1 device and on 8 simulated ones;
-on FSDP its layer scan communicates no more than on data parallelism."""
+on FSDP its layer scan gathers each layer's weights and otherwise
+communicates no more than on data parallelism."""
 
 import json
 import os
@@ -30,10 +31,13 @@ def test_eight_devices_match_one_device():
   assert one["losses"][0] != one["losses"][-1]
 
 
-def test_fsdp_layer_scan_reduces_only_gradients_as_data_parallel_does():
-  # Without the gather (sharding.gathered) the activations shard over embed
-  # and the scan all-reduces its projections' partial sums: 8 collectives in
-  # the loop bodies here, against 1 (the layer's gradients).
+def test_fsdp_layer_scan_gathers_each_layer_and_reduces_only_gradients():
+  # Without the gathers (learner.gathered_params) the activations shard over
+  # embed and the scan all-reduces its projections' partial sums: 8
+  # collectives in the loop bodies here, against 1 (the layer's gradients).
+  # The layer's 9 weights are all-gathered inside the scan (ZeRO-3), not
+  # all at once before it.
   fsdp = _worker(1, 2, 1, "collectives")["loop_collectives"]
   data = _worker(2, 1, 1, "collectives")["loop_collectives"]
-  assert fsdp == data
+  assert fsdp.pop("all-gather", 0) == 9
+  assert fsdp == data == {"all-reduce": 1}

@@ -310,6 +310,43 @@ def test_remat_checkpoints_the_layer_body():
                              fwd(params, tokens, config)[0], atol=1e-6)
 
 
+def test_scan_unroll_changes_the_loop_not_the_values():
+  """scan_unroll=None (the default) leaves no loop in the forward; 1 (one
+  loop iteration per layer) gives the same logits and gradients."""
+  config = CONFIGS[FEAT]
+  params = _params(config)
+  tokens = _tokens((B, T))
+
+  def loss(p, cfg):
+    return jnp.sum(jnp.sin(model.forward(p, tokens, cfg)))
+
+  looped = dataclasses.replace(config, scan_unroll=1)
+  lower = jax.jit(model.forward, static_argnums=2).lower
+  assert config.scan_unroll is None and "while" not in lower(params, tokens, config).as_text()
+  assert "while" in lower(params, tokens, looped).as_text()
+  grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+  chex.assert_trees_all_close(grad(params, looped), grad(params, config), rtol=1e-4, atol=1e-4)
+
+
+def test_layer_params_constraint_applies_to_each_layer_where_it_is_used():
+  config = CONFIGS["gqa"]
+  params = _params(config)
+  tokens = _tokens((B, T))
+  seen = []
+
+  def silence_attention(p):  # One layer's weights: no layers axis.
+    seen.append(p["wo"].shape)
+    return dict(p, wo=jnp.zeros_like(p["wo"]))
+
+  got = model.forward(params, tokens, dataclasses.replace(config, scan_unroll=1),
+                      layer_params_constraint=silence_attention)
+  assert seen == [params["layers"]["wo"].shape[1:]]  # traced once, in the scan
+  silenced = dict(params, layers=dict(params["layers"],
+                                      wo=jnp.zeros_like(params["layers"]["wo"])))
+  np.testing.assert_allclose(got, fwd(silenced, tokens, config)[0], atol=1e-5)
+  assert not np.allclose(got, fwd(params, tokens, config)[0], atol=1e-3)
+
+
 def test_rope_depends_only_on_relative_position():
   rng = np.random.default_rng(0)
   q, k = rng.standard_normal((2, 1, 1, 1, 8), np.float32)
@@ -417,6 +454,8 @@ def test_presets_and_window_helper():
     (dict(attn_impl="cuda"), "attn_impl"),
     (dict(dtype="int8"), "floating"),
     (dict(final_logit_softcap=0.0), "final_logit_softcap"),
+    (dict(scan_unroll=0), "scan_unroll"),
+    (dict(scan_unroll=True), "scan_unroll"),
 ])
 def test_bad_config_raises(overrides, match):
   config = model.TransformerConfig.tiny(**overrides)
@@ -480,6 +519,37 @@ def test_head_major_cache_attention_equals_the_sequence_major_reference():
   np.testing.assert_allclose(got, want, atol=1e-6)
   with pytest.raises(ValueError, match="kv_layout"):
     reference.attention(q, k, v, kv_layout="SBKD")
+
+
+@pytest.mark.parametrize("name, dtype", [("mha", "float32"), ("mqa_window", "float32"),
+                                         (FEAT, "float32"), ("gqa", "bfloat16")])
+def test_self_attention_backward_matches_the_reference(name, dtype):
+  """attn_impl="xla_vjp": the reference forward (bit for bit) with a
+  hand-written backward; gradients as autodiff of the reference."""
+  c = CONFIGS[name]
+  keys = jax.random.split(jax.random.key(0), 4)
+  q = jax.random.normal(keys[0], (B, T, c.n_heads, c.head_dim), dtype)
+  k, v = (jax.random.normal(key, (B, T, c.n_kv_heads, c.head_dim), dtype)
+          for key in keys[1:3])
+  w = jax.random.normal(keys[3], q.shape)
+  segments = jnp.asarray(np.repeat([[1] * 9 + [2] * (T - 9)], B, axis=0))
+  window = c.layer_windows()[0] if c.has_sliding_windows else None
+  kw = dict(sliding_window=window, softcap=c.attn_logit_softcap)
+
+  def ref(q, k, v):
+    return reference.attention(q, k, v, segment_ids=segments, **kw)
+
+  def ours(q, k, v):
+    return attention_lib.attention(q, k, v, impl="xla_vjp", segment_ids_BxT=segments, **kw)
+
+  np.testing.assert_array_equal(jax.jit(ours)(q, k, v), jax.jit(ref)(q, k, v))
+  loss = lambda f: lambda *a: jnp.sum(w * f(*a).astype(jnp.float32))  # noqa: E731
+  want = jax.jit(jax.grad(loss(ref), argnums=(0, 1, 2)))(q, k, v)
+  got = jax.jit(jax.grad(loss(ours), argnums=(0, 1, 2)))(q, k, v)
+  atol = 2e-2 if dtype == "bfloat16" else 1e-5
+  for g, r in zip(got, want):
+    assert g.dtype == jnp.dtype(dtype)
+    np.testing.assert_allclose(g.astype(jnp.float32), r.astype(jnp.float32), atol=atol)
 
 
 def test_attention_rejects_bad_arguments():

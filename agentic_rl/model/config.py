@@ -28,7 +28,7 @@ import numpy as np
 from agentic_rl.kernels.reference import NO_WINDOW
 
 MLP_ACTIVATIONS = ("silu", "gelu")
-ATTN_IMPLS = ("xla", "pallas")
+ATTN_IMPLS = ("xla", "xla_vjp", "pallas")
 
 
 def alternating_windows(
@@ -74,9 +74,16 @@ class TransformerConfig:
       position p sees keys at positions j with ``p - j < window``.
     dtype: compute dtype (activations, matmul inputs, KV cache).
     param_dtype: dtype the parameters are stored in.
-    attn_impl: "xla" (reference) or "pallas" (fused kernels).
+    attn_impl: "xla" (reference), "xla_vjp" (the reference with a
+      hand-written self-attention backward: faster on CPU) or "pallas"
+      (fused kernels).
     remat: rematerialise each layer's activations in the backward pass
       (``jax.checkpoint`` on the layer body in :func:`forward`).
+    scan_unroll: layers applied per iteration of :func:`forward`'s layer
+      loop (``lax.scan``'s ``unroll``): None unrolls all of them (no loop),
+      1 compiles one layer body whatever the depth (the quickest compile
+      for deep models). On XLA:CPU the loop's stacked residuals, slices and
+      bookkeeping take a fifth of a 2-layer learner step (BENCHMARKS.md).
   """
 
   vocab_size: int
@@ -101,6 +108,7 @@ class TransformerConfig:
   param_dtype: Any = "float32"
   attn_impl: str = "xla"
   remat: bool = False
+  scan_unroll: int | None = None
 
   def __post_init__(self):
     # Lists are unhashable (and jit needs a hashable static config).
@@ -185,6 +193,10 @@ class TransformerConfig:
       raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
     if not self.rope_theta > 0:
       raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
+    if self.scan_unroll is not None and (
+        not isinstance(self.scan_unroll, (int, np.integer))
+        or isinstance(self.scan_unroll, bool) or self.scan_unroll < 1):
+      raise ValueError(f"scan_unroll must be None or an int >= 1, got {self.scan_unroll!r}")
     for name in ("attn_logit_softcap", "final_logit_softcap"):
       cap = getattr(self, name)
       if cap is not None and not cap > 0:

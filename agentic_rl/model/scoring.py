@@ -17,7 +17,7 @@ from agentic_rl.model.transformer import forward, unembedding
 
 def sequence_logprobs(params, tokens_BxT: jax.Array, config: TransformerConfig, *,
                       temperature: float | jax.Array = 1.0, impl: str = "xla",
-                      ) -> tuple[jax.Array, jax.Array]:
+                      layer_params_constraint=None) -> tuple[jax.Array, jax.Array]:
   """``log pi(tokens[t] | tokens[:t])`` and the entropy of that distribution.
 
   ``pi = softmax(softcap(h_{t-1} @ W) / temperature)``, computed from the
@@ -30,12 +30,16 @@ def sequence_logprobs(params, tokens_BxT: jax.Array, config: TransformerConfig, 
   hidden states are divided by it, ``(h / tau) @ W = (h @ W) / tau``, which
   is exact only without a logit soft-cap.
 
+  ``layer_params_constraint``: :func:`forward`'s (applied to each layer's
+  weights where the layer uses them).
+
   Returns:
     float32 ``(logp_BxT, entropy_BxT)``; entry 0 (no prefix) is 0 in both.
   """
   tokens_BxT = jnp.asarray(tokens_BxT, jnp.int32)
   B, T = tokens_BxT.shape
-  _, hidden_BxTxD = forward(params, tokens_BxT, config, return_hidden=True)
+  _, hidden_BxTxD = forward(params, tokens_BxT, config, return_hidden=True,
+                            layer_params_constraint=layer_params_constraint)
   D = hidden_BxTxD.shape[-1]
   if not isinstance(temperature, (int, float)):
     if config.final_logit_softcap is not None:

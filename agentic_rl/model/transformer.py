@@ -2,7 +2,8 @@
 
 Params are a nested dict of arrays in ``config.param_dtype``; the per-layer
 weights are stacked on a leading ``layers`` axis and :func:`forward` applies
-them with ``lax.scan`` (one compiled layer body, whatever the depth).
+them with ``lax.scan``, unrolled by default (``config.scan_unroll``; 1 gives
+one compiled layer body, whatever the depth).
 Incremental decoding (``kv_cache``) unrolls the layers instead, over one
 cache buffer per layer, and takes :func:`unstack_layers` params. Compute
 runs in ``config.dtype``; RMSNorm, RoPE and the softmax run in fp32; logits
@@ -237,7 +238,24 @@ def embed_tokens(params: Params, tokens_BxT: jax.Array,
 
 
 def _dense(x: jax.Array, w: jax.Array, spec: str) -> jax.Array:
-  return jnp.einsum(spec, x, w.astype(x.dtype))
+  """``einsum(spec, x, w)`` for a projection whose contracted dims are x's
+  last and w's first ones (``"btd,dhk->bthk"``), as one 2-D matmul
+  ``[N, I] @ [I, O]`` between reshapes.
+
+  The same products (bit for bit), but in 2-D XLA:CPU computes the weight
+  gradient ``x^T dy`` with a transposed GEMM operand, where for the einsum
+  over ``[B, T, ...]`` it first copies an activation into a transposed
+  layout, for every projection (a third of a learner step, BENCHMARKS.md).
+  """
+  ins, out = spec.split("->")
+  xs, ws = ins.split(",")
+  n = sum(c in ws for c in xs)
+  if xs[len(xs) - n:] != ws[:n] or out != xs[:len(xs) - n] + ws[n:]:
+    raise ValueError(f"{spec!r} does not contract x's last dims with w's first ones")
+  lead, out_dims = x.shape[:x.ndim - n], w.shape[n:]
+  y = jnp.dot(x.reshape(math.prod(lead), -1),
+              w.astype(x.dtype).reshape(math.prod(w.shape[:n]), -1))
+  return y.reshape(*lead, *out_dims)
 
 
 def decoder_layer(x_BxTxD: jax.Array, p: Params, rope: Rope,
@@ -339,6 +357,7 @@ def forward(
     positions_BxT: jax.Array | None = None,
     segment_ids_BxT: jax.Array | None = None,
     return_hidden: bool = False,
+    layer_params_constraint: Callable[[Params], Params] | None = None,
 ):
   """Full-sequence forward pass.
 
@@ -352,6 +371,10 @@ def forward(
     segment_ids_BxT: int ids; tokens attend only within their segment, so
       packed sequences (or padding, e.g. id 0) stay isolated.
     return_hidden: also return the final-normed hidden state.
+    layer_params_constraint: applied to each layer's weights (a dict of
+      arrays without the ``layers`` axis) where the layer uses them, e.g. a
+      ``jax.lax.with_sharding_constraint`` that gathers them (ZeRO-3: one
+      layer's weights gathered at a time, not all of them before the first).
 
   Returns:
     fp32 ``logits_BxTxV``, or ``(logits_BxTxV, hidden_BxTxD)`` with hidden in
@@ -368,6 +391,8 @@ def forward(
 
   def body(x_BxTxD, layer):
     p, window = layer
+    if layer_params_constraint is not None:
+      p = layer_params_constraint(p)
 
     def attend(q, k, v):
       out = attention(q, k, v, impl=config.attn_impl,
@@ -383,7 +408,8 @@ def forward(
     body = jax.checkpoint(body)
   x_BxTxD = embed_tokens(params, tokens_BxT, config)
   windows_L = jnp.asarray(config.layer_windows())
-  x_BxTxD, _ = lax.scan(body, x_BxTxD, (params["layers"], windows_L))
+  x_BxTxD, _ = lax.scan(body, x_BxTxD, (params["layers"], windows_L),
+                        unroll=config.scan_unroll or config.n_layers)
   logits_BxTxV, hidden_BxTxD = output_logits(params, x_BxTxD, config)
   if return_hidden:
     return logits_BxTxV, hidden_BxTxD

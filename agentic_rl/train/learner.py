@@ -35,8 +35,10 @@ from agentic_rl.model.scoring import sequence_logprobs
 Batch = Mapping[str, jax.Array]
 Metrics = dict[str, jax.Array]
 # loss_fn(params, batch, norm) -> (loss, (metrics, outputs)); outputs hold
-# per-row arrays ``[b, ...]`` (no gradient) that the step returns whole.
-LossFn = Callable[[Any, Batch, Mapping[str, jax.Array]], tuple[jax.Array, tuple[Metrics, Batch]]]
+# per-row arrays ``[b, ...]`` (no gradient) that the step returns whole. The
+# losses below also take ``layer_params_constraint=`` (the model forward's,
+# passed on by the step where the layout needs it: :func:`shard_train_step`).
+LossFn = Callable[..., tuple[jax.Array, tuple[Metrics, Batch]]]
 
 
 @struct.dataclass
@@ -63,9 +65,10 @@ def sft_loss(model_config, *, logprob_impl: str = "xla") -> LossFn:
   batch's token count, so micro-batches sum to the full-batch loss.
   """
 
-  def loss_fn(params, batch, norm):
+  def loss_fn(params, batch, norm, *, layer_params_constraint=None):
     logp_BxT, _ = sequence_logprobs(
-        params, batch["tokens_BxT"], model_config, impl=logprob_impl)
+        params, batch["tokens_BxT"], model_config, impl=logprob_impl,
+        layer_params_constraint=layer_params_constraint)
     mask = batch["loss_mask_BxT"]
     nll = -jnp.sum(logp_BxT * mask) / norm["num_tokens"]
     return nll, ({"sft/nll": nll}, {})
@@ -110,10 +113,11 @@ def rl_loss(model_config, objective: objectives.ObjectiveConfig, *,
   loss = objectives.make_policy_loss(objective)
   needs = objectives.required_inputs(objective)
 
-  def loss_fn(params, batch, norm):
+  def loss_fn(params, batch, norm, *, layer_params_constraint=None):
     tau = batch["temperature_B"][0] if scheduled_temperature else temperature
     logp_BxT, entropy_BxT = sequence_logprobs(
-        params, batch["tokens_BxT"], model_config, temperature=tau, impl=logprob_impl)
+        params, batch["tokens_BxT"], model_config, temperature=tau, impl=logprob_impl,
+        layer_params_constraint=layer_params_constraint)
     old_logp_BxT = batch.get("old_logp_BxT", jax.lax.stop_gradient(logp_BxT))
     # Shift controls arrive as per-token weights; weight 0 leaves the token out.
     extra = {"token_weights_BxT": batch["loss_mask_BxT"]}
@@ -139,13 +143,14 @@ def reference_inputs(model_config, *, temperature: float = 1.0, logprob_impl: st
   reference policy (``state.ref_params``) scored on the batch, without
   gradient, inside the learner step (the same pass as the update's forward)."""
 
-  def prepare(state: TrainState, batch: Batch) -> Batch:
+  def prepare(state: TrainState, batch: Batch, *, layer_params_constraint=None) -> Batch:
     if "ref_logp_BxT" in batch:
       return batch
     tau = batch["temperature_B"][0] if scheduled_temperature else temperature
     ref_logp_BxT, _ = sequence_logprobs(jax.lax.stop_gradient(state.ref_params),
                                         batch["tokens_BxT"], model_config, temperature=tau,
-                                        impl=logprob_impl)
+                                        impl=logprob_impl,
+                                        layer_params_constraint=layer_params_constraint)
     return dict(batch, ref_logp_BxT=ref_logp_BxT)
 
   return prepare
@@ -180,25 +185,31 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                     prepare: Callable[[TrainState, Batch], Batch] | None = None):
   """A pure ``step(state, batch) -> (state, metrics, outputs)`` (jit it with
   shardings). ``prepare(state, batch)`` first adds inputs computed without
-  gradient from the state (:func:`reference_inputs`)."""
+  gradient from the state (:func:`reference_inputs`). The step's keyword
+  ``layer_params_constraint`` (default None) goes on to ``loss_fn`` and
+  ``prepare`` when given (:func:`shard_train_step` gives it on FSDP).
+  """
   if micro_batches < 1:
     raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-  def step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics, Batch]:
+  def step(state: TrainState, batch: Batch, *,
+           layer_params_constraint=None) -> tuple[TrainState, Metrics, Batch]:
+    model_kw = ({} if layer_params_constraint is None
+                else {"layer_params_constraint": layer_params_constraint})
     if prepare is not None:
-      batch = prepare(state, batch)
+      batch = prepare(state, batch, **model_kw)
     norm = objectives.batch_normalisers(batch["loss_mask_BxT"])
     if micro_batches == 1:
-      (loss, (metrics, outputs)), grads = grad_fn(state.params, batch, norm)
+      (loss, (metrics, outputs)), grads = grad_fn(state.params, batch, norm, **model_kw)
     else:
       def body(acc, micro):
-        (loss, (metrics, outputs)), grads = grad_fn(state.params, micro, norm)
+        (loss, (metrics, outputs)), grads = grad_fn(state.params, micro, norm, **model_kw)
         acc = jax.tree.map(jnp.add, acc, (loss, grads))
         return acc, (metrics, outputs)
 
       micro = _split(batch, micro_batches)
-      _, grads_shape = jax.eval_shape(grad_fn, state.params,
+      _, grads_shape = jax.eval_shape(functools.partial(grad_fn, **model_kw), state.params,
                                       jax.tree.map(lambda x: x[0], micro), norm)
       zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
                            (jax.ShapeDtypeStruct((), jnp.float32), grads_shape))
@@ -207,12 +218,18 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
       metrics = {k: _combine_micro(k, v) for k, v in metrics_M.items()}
     grad_norm = optax.global_norm(grads)
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    grads = jax.tree.map(lambda g: jnp.where(ok, g, 0.0), grads)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
-    new_state = state.replace(params=keep(params, state.params),
-                              opt_state=keep(opt_state, state.opt_state),
+
+    def update(args):
+      grads, opt_state, params = args
+      updates, opt_state = optimizer.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state
+
+    # A conditional, not jnp.where(ok, new, old) on every leaf: that select
+    # reads the old optimiser moments after the update wrote the new ones in
+    # place, so XLA:CPU copies all of them first (BENCHMARKS.md).
+    params, opt_state = jax.lax.cond(ok, update, lambda args: (args[2], args[1]),
+                                     (grads, state.opt_state, state.params))
+    new_state = state.replace(params=params, opt_state=opt_state,
                               step=state.step + ok.astype(jnp.int32))
     metrics = dict(metrics, **{"learner/loss": loss, "learner/grad_norm": grad_norm,
                                "learner/skipped": 1.0 - ok.astype(jnp.float32)})
@@ -229,18 +246,56 @@ def params_sharding(mesh, model_config, params):
   return sharding.logical_to_sharding(model_lib.param_axes(model_config), mesh, shapes=params)
 
 
+def gathered_params(params_sh):
+  """How a step computes with parameters stored in ``params_sh`` (from
+  :func:`params_sharding`): ``(gather, model_kw)``.
+
+  ``gather(params)`` (None passes through) constrains the parameters outside
+  ``layers`` to their gathered layout (``sharding.gathered``: without the
+  mesh axes that split the batch). ``model_kw`` is ``{}``, or, where a
+  layer's weights are split over a batch axis (FSDP),
+  ``{"layer_params_constraint": c}`` for the model's forward, ``c`` gathering
+  one layer's weights: each layer's are gathered where it uses them, not all
+  at once before the first layer.
+
+  Left to XLA's sharding propagation, an ``embed`` dimension split over the
+  axis that also splits the batch wins over the batch: the activations
+  split over ``embed``, every device runs the whole batch, the batch is
+  all-gathered and every projection's partial sums all-reduced, in each
+  layer of the forward and the backward.
+  """
+  from agentic_rl.train import sharding  # pylint: disable=g-import-not-at-top
+  compute_sh = sharding.gathered(params_sh)
+  model_kw = {}
+  if compute_sh["layers"] != params_sh["layers"]:
+    # One layer's weights: the stacked weights' shardings less the layers axis.
+    layer_sh = jax.tree.map(
+        lambda s: jax.sharding.NamedSharding(s.mesh, jax.sharding.PartitionSpec(*s.spec[1:])),
+        compute_sh["layers"])
+    model_kw["layer_params_constraint"] = functools.partial(
+        jax.lax.with_sharding_constraint, shardings=layer_sh)
+    compute_sh = dict(compute_sh, layers=params_sh["layers"])
+
+  def gather(params):
+    return params if params is None else jax.lax.with_sharding_constraint(params, compute_sh)
+
+  return gather, model_kw
+
+
 def shard_train_step(step, mesh, model_config, optimizer, params, *,
                      with_reference: bool = False):
   """``jax.jit`` of ``step`` with explicit shardings over ``mesh``.
 
-  Parameters (and the reference policy's, ``with_reference``) follow
-  :func:`params_sharding`, optimiser moments follow their parameters, batch
-  arrays and outputs split along their leading axis over ``("data",
-  "fsdp")``, and the train state is donated. Inside the step the parameters
-  are gathered over ``fsdp`` (``sharding.gathered``: one all-gather per step,
-  the forward and backward then run as on the data-parallel layout). Returns
-  ``(jitted_step, state_sharding)``; put the state on the mesh with
-  ``jax.device_put(state, state_sharding)``.
+  ``step`` is :func:`make_train_step`'s. Parameters (and the reference
+  policy's, ``with_reference``) follow :func:`params_sharding`, optimiser
+  moments follow their parameters, batch arrays and outputs split along
+  their leading axis over ``("data", "fsdp")``, and the train state is
+  donated. Parameters split over ``fsdp`` are gathered for the forward and
+  backward (:func:`gathered_params`): the embedding, unembedding and final
+  norm when the step starts, each layer's weights where the layer uses them
+  (ZeRO-3); the activations then split over the batch as on the
+  data-parallel layout. Returns ``(jitted_step, state_sharding)``; put the
+  state on the mesh with ``jax.device_put(state, state_sharding)``.
   """
   from agentic_rl.train import sharding  # pylint: disable=g-import-not-at-top
   params_sh = params_sharding(mesh, model_config, params)
@@ -248,13 +303,12 @@ def shard_train_step(step, mesh, model_config, optimizer, params, *,
       params=params_sh,
       opt_state=sharding.opt_state_sharding(optimizer, params, params_sh, mesh),
       step=sharding.replicated(mesh), ref_params=params_sh if with_reference else None)
-  compute_sh = sharding.gathered(params_sh)
+  gather, model_kw = gathered_params(params_sh)
 
   @functools.wraps(step)
   def gathered_step(state: TrainState, batch: Batch):
-    gather = lambda p: p if p is None else jax.lax.with_sharding_constraint(p, compute_sh)
     return step(state.replace(params=gather(state.params),
-                              ref_params=gather(state.ref_params)), batch)
+                              ref_params=gather(state.ref_params)), batch, **model_kw)
 
   jitted = sharding.jit_sharded(
       gathered_step, mesh, in_shardings=(state_sh, sharding.batch_sharding(mesh)),
@@ -275,18 +329,15 @@ def shard_score(mesh, model_config, params, *, temperature: float = 1.0,
   """
   from agentic_rl.train import sharding  # pylint: disable=g-import-not-at-top
   params_sh = params_sharding(mesh, model_config, params)
-  compute_sh = sharding.gathered(params_sh)  # as the train step (shard_train_step)
+  gather, model_kw = gathered_params(params_sh)  # as the train step (shard_train_step)
 
   def score(params, ref_params, tokens_BxT, tau):
-    params = jax.lax.with_sharding_constraint(params, compute_sh)
-    if with_reference:
-      ref_params = jax.lax.with_sharding_constraint(ref_params, compute_sh)
     t = tau if scheduled_temperature else temperature
-    out = {"old_logp_BxT": sequence_logprobs(params, tokens_BxT, model_config, temperature=t,
-                                             impl=logprob_impl)[0]}
+    out = {"old_logp_BxT": sequence_logprobs(gather(params), tokens_BxT, model_config,
+                                             temperature=t, impl=logprob_impl, **model_kw)[0]}
     if with_reference:
-      out["ref_logp_BxT"] = sequence_logprobs(ref_params, tokens_BxT, model_config,
-                                              temperature=t, impl=logprob_impl)[0]
+      out["ref_logp_BxT"] = sequence_logprobs(gather(ref_params), tokens_BxT, model_config,
+                                              temperature=t, impl=logprob_impl, **model_kw)[0]
     return out
 
   return sharding.jit_sharded(

@@ -6,8 +6,9 @@ The mesh has three axes, always in this order:
   replicated.
 * ``fsdp``   - fully sharded data parallelism: the batch is split *and* the
   parameters' ``embed`` dimension is sharded (ZeRO-3 style): they are stored
-  sharded, a step all-gathers them once for its forward and backward
-  (:func:`gathered`) and XLA reduces the gradients back onto the shards.
+  sharded, a step all-gathers them for its forward and backward
+  (:func:`gathered`; each layer's weights where the layer uses them) and XLA
+  reduces the gradients back onto the shards.
 * ``tensor`` - tensor (model) parallelism over heads / MLP / vocabulary.
 
 Model code names the dimensions of every parameter with *logical* axis names
@@ -373,13 +374,14 @@ def gathered(shardings: Any,
   ``batch`` rule's, ``("data", "fsdp")``); the other axes (``tensor``) stay.
 
   FSDP keeps the parameters sharded over ``fsdp`` between steps, and a step
-  constrains them to this layout before its forward
-  (``jax.lax.with_sharding_constraint``): one all-gather of the weights per
-  step. Left to XLA's sharding propagation, an ``embed`` dimension sharded
-  over the axis that also splits the batch wins over the batch: the
-  activations shard over ``embed``, so every device runs the whole batch,
-  the batch arrays are all-gathered and every projection's partial sums are
-  all-reduced, in each layer of the forward and the backward.
+  constrains them to this layout where it computes with them
+  (``jax.lax.with_sharding_constraint``; ``learner.gathered_params``: each
+  layer's weights inside the layer). Left to XLA's sharding propagation, an
+  ``embed`` dimension sharded over the axis that also splits the batch wins
+  over the batch: the activations shard over ``embed``, so every device
+  runs the whole batch, the batch arrays are all-gathered and every
+  projection's partial sums are all-reduced, in each layer of the forward
+  and the backward.
   """
   batch_axes = set(_rule_axes("batch", rules))
 
