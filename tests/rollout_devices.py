@@ -19,7 +19,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from agentic_rl import rollout
-from agentic_rl.train import loop
+from agentic_rl.train import run as train_run
 from agentic_rl.train import sharding
 from calc_batch import SAMPLING, calc_chain_batch
 
@@ -48,7 +48,7 @@ def main():
   out["partial_four_devices"] = split.resume(params, state, 0).to_rollout()
 
   # The training loop splits its rows over the batch axes of its mesh.
-  run = loop.Run(cfg=None, codec=codec, env=env, tasks=None, model_config=config,
+  run = train_run.Run(cfg=None, codec=codec, env=env, tasks=None, model_config=config,
                  mesh=sharding.make_mesh(sharding.MeshConfig(data=2, tensor=2)))
   loop_engine = run.engine(SAMPLING, NUM_PROMPTS * G)
   rep = lambda x: np.repeat(x, G, axis=0)

@@ -163,13 +163,17 @@ def test_knapsack_rejects_bad_input(args, match):
 
 
 def _coin_sampler(p_true, log=None):
-  """``sample_fn`` with P(success) = p_true[prompt]; records every call's output."""
+  """``sample_fn`` with P(success) = p_true[prompt]; records every call's
+  output. Its rollouts name their prompt, call and outcome."""
 
   def sample_fn(prompt_ids, n, key):
     out = host_rng(key).random((len(prompt_ids), n)) < p_true[prompt_ids][:, None]
+    rollouts = None
     if log is not None:
       log.append((np.asarray(prompt_ids).copy(), n, out))
-    return out
+      rollouts = {"prompt": np.repeat(prompt_ids, n), "outcome": out.reshape(-1),
+                  "call": np.full(out.size, len(log) - 1)}
+    return out, rollouts
 
   return sample_fn
 
@@ -180,12 +184,17 @@ def _draw(num_prompts):
 
 def _check_provenance(batch, log):
   """Every kept rollout is the recorded output it claims to be, of its group's prompt."""
-  for b in range(batch.success.size):
-    ids, n, out = log[batch.call[b]]
-    i, k = divmod(int(batch.row[b]), n)
-    assert out[i, k] == batch.success[b]
-    assert ids[i] == batch.prompt_ids[batch.group[b]]
+  kept = batch.rollouts
+  np.testing.assert_array_equal(kept["outcome"], batch.success)
+  np.testing.assert_array_equal(kept["prompt"], batch.prompt_ids[batch.group])
   assert np.all(np.diff(batch.group) >= 0)
+  generated = batch.generated
+  assert len(generated["prompt"]) == batch.metrics["signal/rollouts"] == len(batch.generated_ids)
+  np.testing.assert_array_equal(generated["prompt"], batch.generated_ids)
+  np.testing.assert_array_equal(generated["call"], np.concatenate(
+      [np.full(ids.size * n, c) for c, (ids, n, _) in enumerate(log)]))
+  np.testing.assert_array_equal(generated["outcome"], np.concatenate(
+      [out.reshape(-1) for _, _, out in log]))
 
 
 @FEW
@@ -221,10 +230,11 @@ def test_dynamic_sampling_respects_the_cap_and_fills_with_degenerate_groups():
 
 def test_dynamic_sampling_is_deterministic_given_key():
   p_true = np.linspace(0.05, 0.95, 30)
-  runs = [signal.dynamic_sampling(_coin_sampler(p_true), _draw(30), np.arange(5), 4, 80,
+  runs = [signal.dynamic_sampling(_coin_sampler(p_true, []), _draw(30), np.arange(5), 4, 80,
                                   jax.random.key(3)) for _ in range(2)]
-  for field in ("prompt_ids", "group", "success", "call", "row"):
+  for field in ("prompt_ids", "group", "success", "generated_ids"):
     np.testing.assert_array_equal(getattr(runs[0], field), getattr(runs[1], field))
+  chex.assert_trees_all_equal(runs[0].rollouts, runs[1].rollouts)
 
 
 def test_adaptive_sampling_rounds_and_down_sampling():
@@ -268,8 +278,11 @@ def test_adaptive_sampling_rejects_bad_settings():
 
 def test_sample_fn_output_is_checked():
   with pytest.raises(ValueError, match="sample_fn must return bool"):
-    signal.uniform_sampling(lambda ids, n, key: np.zeros((len(ids), n)), np.arange(2), 2,
-                            jax.random.key(0))
+    signal.uniform_sampling(lambda ids, n, key: (np.zeros((len(ids), n)), None), np.arange(2),
+                            2, jax.random.key(0))
+  with pytest.raises(ValueError, match=r"must return \(success, rollouts\)"):
+    signal.uniform_sampling(lambda ids, n, key: np.zeros((len(ids), n), bool), np.arange(2),
+                            2, jax.random.key(0))
 
 
 def test_allocate_rollouts_dispatch():
@@ -277,11 +290,13 @@ def test_allocate_rollouts_dispatch():
   history = signal.update_history(signal.init_history(12), np.arange(12), p_true * 10, 10)
   key = jax.random.key(0)
   ids = np.arange(2, 10)
-  batches = {a: signal.allocate_rollouts(SignalConfig(allocation=a), _coin_sampler(p_true), ids,
-                                         4, key, draw_prompts=_draw(12), history=history)
-             for a in ("uniform", "dynamic", "ada", "knapsack")}
+  logs = {a: [] for a in ("uniform", "dynamic", "ada", "knapsack")}
+  batches = {a: signal.allocate_rollouts(SignalConfig(allocation=a), _coin_sampler(p_true, log),
+                                         ids, 4, key, draw_prompts=_draw(12), history=history)
+             for a, log in logs.items()}
   for name, batch in batches.items():
     assert batch.num_groups == 8, name
+    _check_provenance(batch, logs[name])
   np.testing.assert_array_equal(batches["uniform"].group, uniform_group_ids(8, 4))
   knapsack = batches["knapsack"]
   sizes = np.bincount(knapsack.group, minlength=8)

@@ -73,13 +73,13 @@ def test_mirror_descent_resets_the_optimiser_and_changes_the_updates(tmp_path):
 
 
 def test_reinforce_ada_baseline_runs_over_every_generated_rollout(tmp_path, monkeypatch):
-  made, original = [], loop.group_advantages
+  made, original = [], objectives.group_advantages
 
-  def spy(adv_fn, rewards_B, group_B, num_groups, **per_group):
-    made.append((rewards_B, group_B, per_group))
-    return original(adv_fn, rewards_B, group_B, num_groups, **per_group)
+  def spy(adv_fn, rewards_B, layout, **per_group):
+    made.append((rewards_B, layout.group_B, per_group))
+    return original(adv_fn, rewards_B, layout, **per_group)
 
-  monkeypatch.setattr(loop, "group_advantages", spy)
+  monkeypatch.setattr(objectives, "group_advantages", spy)
   cfg = _rl_only(iterations=1)
   cfg.rl.update(advantage="dr_grpo")
   cfg.rl.signal.update(allocation="ada", ada_max_rounds=3)

@@ -1,5 +1,6 @@
 """Scripted episodes: jittable rollouts of the reference policies, and
-demonstrations (conversations) built from them for SFT warm starts.
+demonstrations built from them for SFT warm starts (conversations, or token
+streams with loss masks).
 
 A rollout steps the environment itself, so a demonstration is exactly
 consistent with it: its messages are the codec's decoding of the very token
@@ -16,6 +17,7 @@ import numpy as np
 from flax import struct
 
 from agentic_rl.envs import prompts
+from agentic_rl.envs import tasks as tasks_lib
 from agentic_rl.text import codec as codec_lib
 
 PyTree = Any
@@ -122,3 +124,50 @@ def demonstrations(env, instances: PyTree, key: jax.Array, *, strategy=0,
   pick = lambda tree, i: jax.tree.map(lambda x: x[i], tree)
   return [env.codec.decode(trajectory_ids(env, pick(instances, i), pick(trajs, i)))
           for i in range(n)]
+
+
+def demonstration_batch(tasks: tasks_lib.Tasks, num_demos: int, key: jax.Array, *,
+                        noise: float, max_len: int) -> dict[str, np.ndarray]:
+  """Scripted demonstrations of ``tasks``' environment as token streams with
+  loss masks: ``tokens_BxT`` int32 and ``loss_mask_BxT`` float32, ``[N, T]``
+  with ``T = max_len``.
+
+  Each member of a mixture contributes in proportion to its weight (about
+  ``num_demos`` in all), with its scripted strategies in turn and ``noise``
+  (wrong steps, early answers), so a policy trained on them is competent but
+  imperfect. A demonstration is exactly the stream the rollout engine would
+  record for the scripted actions: prompt (mask 0), actions (mask 1) and
+  framed observations (mask 0); streams longer than ``max_len`` are left
+  out. Instances come from ``key``'s own stream, at the pool's difficulty
+  levels (``tasks.difficulty_of``).
+  """
+  env = tasks.env
+  ids = env.codec.ids
+  rows, masks = [], []
+  members = getattr(env, "envs", (env,))
+  weights = getattr(env, "weights", (1.0,))
+  for f, (member, w) in enumerate(zip(members, weights)):
+    per_strategy = -(-int(round(num_demos * w)) // len(member.strategies))
+    for s in range(len(member.strategies)):
+      k_inst, k_play = jax.random.split(jax.random.fold_in(jax.random.fold_in(key, f), s))
+      inst = tasks_lib.generate_levels(member, jax.random.split(k_inst, per_strategy),
+                                       tasks.difficulty_of(np.arange(per_strategy)))
+      prompt_ids, plens = tasks_lib.encode_prompts(member, inst, max_len)
+      traj = batch_rollouts(member, inst, jax.random.split(k_play, per_strategy),
+                            strategy=s, noise=noise)
+      framed, framed_len = codec_lib.frame_observation(traj.obs, traj.obs_lens, ids)
+      traj, framed, framed_len = jax.tree.map(np.asarray, (traj, framed, framed_len))
+      for i in range(per_strategy):
+        seg_ids, seg_mask = [prompt_ids[i, :plens[i]]], [np.zeros(plens[i], np.float32)]
+        for t in np.flatnonzero(traj.live[i]):
+          n_act, n_obs = traj.action_lens[i, t], framed_len[i, t] if traj.obs_lens[i, t] else 0
+          seg_ids += [traj.actions[i, t, :n_act], framed[i, t, :n_obs]]
+          seg_mask += [np.ones(n_act, np.float32), np.zeros(n_obs, np.float32)]
+        row = np.concatenate(seg_ids)
+        if len(row) <= max_len:
+          rows.append(row)
+          masks.append(np.concatenate(seg_mask))
+  if not rows:
+    raise ValueError(f"no demonstration fits in max_len={max_len}")
+  return {"tokens_BxT": codec_lib.pad_batch(rows, max_len, ids.pad),
+          "loss_mask_BxT": codec_lib.pad_batch(masks, max_len, 0.0)}

@@ -30,6 +30,7 @@ from agentic_rl.objectives.config import (
     validate_objective_config,
     validate_optimizer_config,
 )
+from agentic_rl.objectives.groups import GroupLayout, group_advantages, turn_advantages
 from agentic_rl.objectives.corrections import CORRECTIONS, IS_LEVELS, get_correction
 from agentic_rl.objectives.losses import (
     KL_ESTIMATORS,
@@ -50,6 +51,7 @@ __all__ = [
     "AGG_MODES",
     "CORRECTIONS",
     "GLOBAL_STATS_ESTIMATORS",
+    "GroupLayout",
     "INPUTS",
     "IS_LEVELS",
     "KL_ESTIMATORS",
@@ -64,6 +66,7 @@ __all__ = [
     "get_advantage_fn",
     "get_correction",
     "get_policy_loss",
+    "group_advantages",
     "hyperparameter_defaults",
     "kl_penalty",
     "make_advantage_fn",
@@ -75,6 +78,7 @@ __all__ = [
     "policy_loss",
     "required_inputs",
     "reset_optimizer_state",
+    "turn_advantages",
     "validate_objective_config",
     "validate_optimizer_config",
 ]

@@ -52,6 +52,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -419,3 +420,16 @@ class Checkpointer:
 
   def __exit__(self, *exc) -> None:
     self.close()
+
+
+def load_params(workdir: str, *, like: Any) -> Any:
+  """The parameters of the latest checkpoint of the run in ``workdir``, as
+  device arrays; ValueError if their structure or shapes are not ``like``'s."""
+  with Checkpointer(workdir) as source:
+    restored, _ = source.restore()
+  params = jax.tree.map(jnp.asarray, restored["params"])
+  if jax.tree.structure(params) != jax.tree.structure(like) or any(
+      a.shape != b.shape for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(like))):
+    raise ValueError("its parameters do not have this model's structure and shapes")
+  return params
+

@@ -18,7 +18,7 @@ from agentic_rl.invariants.alarms import Band
 from agentic_rl.rollout.sampling import SamplingConfig
 from agentic_rl.text import tokenizer as tok_lib
 from agentic_rl.train import sharding
-from agentic_rl.train import tasks as tasks_lib
+from agentic_rl.envs import tasks as tasks_lib
 
 STAGE_KINDS = ("sft", "rl")
 OPTIMIZERS = ("adamw", "mirror_descent")
@@ -124,8 +124,8 @@ def _validate_keyed_kwargs(name: str, stage) -> None:
 
 def _validate_rl_stage(name: str, stage, model_cfg, levels) -> None:
   """The checks of one RL stage section; raises ValueError naming the fix."""
-  _check_positive(f"config.{name}.iterations", stage.iterations)
-  _check_positive(f"config.{name}.updates_per_batch", stage.updates_per_batch)
+  for key in ("iterations", "updates_per_batch", "prompts_per_step", "group_size"):
+    _check_positive(f"config.{name}.{key}", stage[key])
   optimizer = stage.get("optimizer", "adamw")
   if optimizer not in OPTIMIZERS:
     _err(f"config.{name}.optimizer is {optimizer!r}; expected one of {OPTIMIZERS}")

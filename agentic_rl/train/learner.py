@@ -53,9 +53,18 @@ class TrainState:
 
 
 def init_train_state(params, optimizer: optax.GradientTransformation,
-                     ref_params: Any = None) -> TrainState:
-  return TrainState(params=params, opt_state=optimizer.init(params),
-                    step=jnp.zeros((), jnp.int32), ref_params=ref_params)
+                     ref_params: Any = None, restored: Mapping[str, Any] | None = None,
+                     ) -> TrainState:
+  """A fresh state, or the one of a checkpoint's ``restored`` tree (its
+  ``opt_state`` leaves and ``step``; ``ref_params`` where ``ref_params`` is
+  not None)."""
+  if restored is None:
+    return TrainState(params=params, opt_state=optimizer.init(params),
+                      step=jnp.zeros((), jnp.int32), ref_params=ref_params)
+  like = jax.tree.structure(jax.eval_shape(optimizer.init, params))
+  return TrainState(params, jax.tree.unflatten(like, jax.tree.leaves(restored["opt_state"])),
+                    jnp.asarray(restored["step"], jnp.int32),
+                    restored.get("ref_params") if ref_params is not None else None)
 
 
 def sft_loss(model_config, *, logprob_impl: str = "xla") -> LossFn:

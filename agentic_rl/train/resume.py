@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -210,3 +211,21 @@ def check_resume(saved: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
                  "values to resume this one.")
     raise ValueError("\n".join(lines))
   return notices
+
+
+def begin(workdir: str | os.PathLike, cfg, *, has_checkpoint: bool) -> None:
+  """Checks that ``cfg`` may resume the run in ``workdir`` (when it has a
+  checkpoint and a saved config), prints the notices of
+  :func:`check_resume`, and saves ``cfg`` as the run's config.
+
+  Raises ``ValueError`` ("cannot resume WORKDIR: ...") when the config
+  changes what the checkpoint holds.
+  """
+  if has_checkpoint and (saved := load_run_config(workdir)):
+    try:
+      notices = check_resume(saved, config_to_dict(cfg))
+    except ValueError as e:
+      raise ValueError(f"cannot resume {os.fspath(workdir)}: {e}") from None
+    for notice in notices:
+      print(notice, file=sys.stderr)
+  save_run_config(workdir, cfg)

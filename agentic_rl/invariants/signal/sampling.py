@@ -1,24 +1,24 @@
 """Host-side rollout allocation that keeps groups informative.
 
 Every allocator drives a user-supplied ``sample_fn(prompt_ids_N, n, key) ->
-success_Nxn``: it generates n rollouts of each listed prompt (a prompt may be
-listed more than once) and returns their binary outcomes as a bool numpy array,
-prompt-major. Allocators never see a model, so they are testable with a
-coin-flip sampler, and they are deterministic given the key. A call asks for
-at most ``P * max(G, round_size)`` rollouts (P prompts, group size G), so a
-trainer compiled for a fixed batch can pad.
+(success_Nxn, rollouts)``: it generates n rollouts of each listed prompt (a
+prompt may be listed more than once) and returns their binary outcomes as a
+bool numpy array, prompt-major, with the rollouts themselves: any pytree of
+arrays with leading axis ``N * n`` in the same order (or None). Allocators
+never look inside the rollouts, so they are testable with a coin-flip
+sampler, and they are deterministic given the key. A call asks for at most
+``P * max(G, round_size)`` rollouts (P prompts, group size G), so a trainer
+compiled for a fixed batch can pad.
 
-The result, ``SampledBatch``, lists the kept rollouts group by group: kept
-rollout b belongs to group ``group[b]`` and is row ``row[b]`` (prompt-major,
-``i * n + k``) of the output of call number ``call[b]``; the trainer records
-each call's rollouts and gathers them with these indices.
+The result, ``SampledBatch``, holds the kept rollouts group by group (kept
+rollout b belongs to group ``group[b]``) and everything generated on the way.
 
 - ``uniform``: G rollouts per prompt, one call.
-- ``dynamic_sampling`` (DAPO, ``algorithms.md`` §9.1): keep groups whose
+- ``dynamic_sampling`` (DAPO, arXiv 2503.14476): keep groups whose
   outcomes are mixed, refill with new prompts until P groups are kept or the
   cap on extra rollouts is reached; remaining slots are filled with the first
   dropped groups (reported in the metrics).
-- ``adaptive_sampling`` (Reinforce-Ada, ``algorithms.md`` §8): sample each
+- ``adaptive_sampling`` (Reinforce-Ada, arXiv 2510.04996): sample each
   prompt in rounds until it holds ``min_pos`` successes and ``min_neg``
   failures (or ``max_rounds`` is reached), then down-sample to G keeping the
   observed success ratio, clipped so that at least ``min_pos`` / ``min_neg`` of
@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -44,9 +45,10 @@ from agentic_rl.invariants.signal.config import SignalConfig
 from agentic_rl.invariants.signal.history import PromptHistory
 from agentic_rl.invariants.signal.knapsack import knapsack_budgets
 
-SampleFn = Callable[[np.ndarray, int, jax.Array], np.ndarray]
+PyTree = Any
+SampleFn = Callable[[np.ndarray, int, jax.Array], tuple[np.ndarray, PyTree]]
 DrawPromptsFn = Callable[[int, jax.Array], np.ndarray]
-# One kept rollout: (outcome, call index, row in that call's output).
+# One generated rollout: (outcome, call index, row in that call's output).
 _Sample = tuple[bool, int, int]
 
 
@@ -59,8 +61,11 @@ class SampledBatch:
     group: int64 ``[B]`` group of each kept rollout, non-decreasing (the
       ``group_B`` of the monitors, with ``num_groups = P``).
     success: bool ``[B]`` outcome of each kept rollout.
-    call: int64 ``[B]`` index of the ``sample_fn`` call that produced it.
-    row: int64 ``[B]`` its row in that call's flattened (prompt-major) output.
+    rollouts: the kept rollouts (``sample_fn``'s pytrees, rows gathered in
+      ``group`` order; leading axis B), or None if it returned None.
+    generated: every rollout generated, kept or not, concatenated in call
+      order (leading axis R = ``signal/rollouts``), or None.
+    generated_ids: int64 ``[R]`` the prompt of each generated rollout.
     group_successes: int64 ``[P]`` successes among *all* rollouts generated for
       the group's prompt here, kept or not (Reinforce-Ada's global baseline).
     group_attempts: int64 ``[P]`` all rollouts generated for it.
@@ -73,8 +78,9 @@ class SampledBatch:
   prompt_ids: np.ndarray
   group: np.ndarray
   success: np.ndarray
-  call: np.ndarray
-  row: np.ndarray
+  rollouts: PyTree
+  generated: PyTree
+  generated_ids: np.ndarray
   group_successes: np.ndarray
   group_attempts: np.ndarray
   num_calls: int
@@ -92,33 +98,61 @@ class SampledBatch:
     return self.success.reshape(self.num_groups, -1)
 
 
+class _Calls:
+  """The ``sample_fn`` calls of one allocation: their outputs, checked."""
+
+  def __init__(self, sample_fn: SampleFn):
+    self.sample_fn = sample_fn
+    self.ids: list[np.ndarray] = []
+    self.rollouts: list[PyTree] = []
+
+  def __call__(self, prompt_ids: np.ndarray, n: int, key: jax.Array) -> np.ndarray:
+    out = self.sample_fn(prompt_ids, n, key)
+    if not (isinstance(out, tuple) and len(out) == 2):
+      raise ValueError("sample_fn must return (success, rollouts), got "
+                       f"{type(out).__name__}")
+    success, rollouts = np.asarray(out[0]), out[1]
+    if success.shape != (len(prompt_ids), n) or success.dtype != np.bool_:
+      raise ValueError(f"sample_fn must return bool [{len(prompt_ids)}, {n}], got "
+                       f"{success.dtype}{success.shape}")
+    self.ids.append(np.repeat(np.asarray(prompt_ids, np.int64), n))
+    self.rollouts.append(rollouts)
+    return success
+
+  def __len__(self) -> int:
+    return len(self.ids)
+
+  def gather(self, samples: list[_Sample]) -> tuple[PyTree, PyTree]:
+    """``(kept, generated)``: the rows of ``samples`` and all rows, each the
+    calls' rollouts concatenated (None when ``sample_fn`` gave None)."""
+    if any(r is None for r in self.rollouts):
+      return None, None
+    generated = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]),
+                             *self.rollouts)
+    offsets = np.cumsum([0] + [len(ids) for ids in self.ids])
+    flat = np.array([offsets[c] + r for _, c, r in samples], np.int64)
+    return jax.tree.map(lambda x: x[flat], generated), generated
+
+
 def _batch(prompt_ids: np.ndarray, groups: list[list[_Sample]], successes: np.ndarray,
-           attempts: np.ndarray, calls: int, group_size: int, metrics: dict[str, float],
+           attempts: np.ndarray, calls: _Calls, group_size: int, metrics: dict[str, float],
            rollouts: int | None = None) -> SampledBatch:
   """Flattens kept groups; ``rollouts`` (all generated) defaults to ``attempts.sum()``."""
   flat = [s for g in groups for s in g]
   rollouts = int(np.sum(attempts)) if rollouts is None else rollouts
   metrics = {"signal/rollouts": float(rollouts),
              "signal/extra_rollouts": float(rollouts - len(groups) * group_size),
-             "signal/sampler_calls": float(calls), **metrics}
+             "signal/sampler_calls": float(len(calls)), **metrics}
+  kept, generated = calls.gather(flat)
   return SampledBatch(
       prompt_ids=np.asarray(prompt_ids, np.int64),
       group=np.repeat(np.arange(len(groups)), [len(g) for g in groups]).astype(np.int64),
       success=np.array([s[0] for s in flat], bool),
-      call=np.array([s[1] for s in flat], np.int64),
-      row=np.array([s[2] for s in flat], np.int64),
+      rollouts=kept, generated=generated, generated_ids=np.concatenate(calls.ids),
       group_successes=np.asarray(successes, np.int64),
       group_attempts=np.asarray(attempts, np.int64),
-      num_calls=calls,
+      num_calls=len(calls),
       metrics=metrics)
-
-
-def _call(sample_fn: SampleFn, prompt_ids: np.ndarray, n: int, key: jax.Array) -> np.ndarray:
-  success = np.asarray(sample_fn(prompt_ids, n, key))
-  if success.shape != (len(prompt_ids), n) or success.dtype != np.bool_:
-    raise ValueError(f"sample_fn must return bool [{len(prompt_ids)}, {n}], got "
-                     f"{success.dtype}{success.shape}")
-  return success
 
 
 def _check_prompts(prompt_ids_P: np.ndarray) -> np.ndarray:
@@ -134,10 +168,12 @@ def uniform_sampling(sample_fn: SampleFn, prompt_ids_P: np.ndarray, group_size: 
   """G rollouts for each prompt, in one call."""
   ids = _check_prompts(prompt_ids_P)
   check_int("group_size", group_size, minimum=1)
-  success = _call(sample_fn, ids, group_size, key)
+  calls = _Calls(sample_fn)
+  success = calls(ids, group_size, key)
   groups = [[(bool(s), 0, i * group_size + k) for k, s in enumerate(success[i])]
             for i in range(ids.size)]
-  return _batch(ids, groups, success.sum(axis=1), np.full(ids.size, group_size), 1, group_size, {})
+  return _batch(ids, groups, success.sum(axis=1), np.full(ids.size, group_size), calls,
+                group_size, {})
 
 
 def dynamic_sampling(sample_fn: SampleFn, draw_prompts: DrawPromptsFn, prompt_ids_P: np.ndarray,
@@ -145,7 +181,7 @@ def dynamic_sampling(sample_fn: SampleFn, draw_prompts: DrawPromptsFn, prompt_id
   """DAPO dynamic sampling: keep only mixed-outcome groups, refill, cap the extra cost.
 
   Args:
-    sample_fn: ``(prompt_ids_N, n, key) -> bool [N, n]``.
+    sample_fn: ``(prompt_ids_N, n, key) -> (bool [N, n], rollouts)``.
     draw_prompts: ``(num, key) -> int [num]`` fresh prompts for a refill (for
       example ``prompts.select_prompts`` bound to the config and history).
     prompt_ids_P: int ``[P]`` the batch's first prompts.
@@ -168,15 +204,15 @@ def dynamic_sampling(sample_fn: SampleFn, draw_prompts: DrawPromptsFn, prompt_id
   budget = num_groups * group_size + max_extra_rollouts
 
   kept, dropped = [], []  # (prompt id, samples)
-  used = drawn = calls = 0
+  used = drawn = 0
+  calls = _Calls(sample_fn)
   batch_ids = ids
   while True:
     key, sub = jax.random.split(key)
-    success = _call(sample_fn, batch_ids, group_size, sub)
+    success = calls(batch_ids, group_size, sub)
     for i, prompt in enumerate(batch_ids):
-      samples = [(bool(s), calls, i * group_size + k) for k, s in enumerate(success[i])]
+      samples = [(bool(s), len(calls) - 1, i * group_size + k) for k, s in enumerate(success[i])]
       (dropped if success[i].all() or not success[i].any() else kept).append((prompt, samples))
-    calls += 1
     used += batch_ids.size * group_size
     drawn += batch_ids.size
     missing = num_groups - len(kept)
@@ -217,7 +253,7 @@ def adaptive_sampling(sample_fn: SampleFn, prompt_ids_P: np.ndarray, group_size:
   """Reinforce-Ada: sample in rounds until each group is mixed, then down-sample to G.
 
   Args:
-    sample_fn: ``(prompt_ids_N, n, key) -> bool [N, n]``.
+    sample_fn: ``(prompt_ids_N, n, key) -> (bool [N, n], rollouts)``.
     prompt_ids_P: int ``[P]`` the batch's prompts.
     group_size: G, the size of the kept groups.
     round_size: rollouts per active prompt per round, ``>= G``.
@@ -242,13 +278,13 @@ def adaptive_sampling(sample_fn: SampleFn, prompt_ids_P: np.ndarray, group_size:
   num_groups = ids.size
   collected: list[list[_Sample]] = [[] for _ in range(num_groups)]
   active = np.arange(num_groups)
-  calls = 0
+  calls = _Calls(sample_fn)
   for _ in range(max_rounds):
     key, sub = jax.random.split(key)
-    success = _call(sample_fn, ids[active], round_size, sub)
+    success = calls(ids[active], round_size, sub)
     for i, slot in enumerate(active):
-      collected[slot].extend((bool(s), calls, i * round_size + k) for k, s in enumerate(success[i]))
-    calls += 1
+      collected[slot].extend((bool(s), len(calls) - 1, i * round_size + k)
+                             for k, s in enumerate(success[i]))
     pos = np.array([sum(s[0] for s in collected[slot]) for slot in active])
     neg = np.array([len(collected[slot]) for slot in active]) - pos
     active = active[(pos < min_pos) | (neg < min_neg)]
@@ -279,7 +315,7 @@ def allocate_rollouts(config: SignalConfig, sample_fn: SampleFn, prompt_ids_P: n
 
   Args:
     config: the signal config.
-    sample_fn: ``(prompt_ids_N, n, key) -> bool [N, n]``.
+    sample_fn: ``(prompt_ids_N, n, key) -> (bool [N, n], rollouts)``.
     prompt_ids_P: int ``[P]`` the batch's prompts.
     group_size: G; every allocator spends ``P * G`` rollouts on the batch
       (dynamic sampling and Reinforce-Ada may spend extra).
@@ -306,11 +342,12 @@ def allocate_rollouts(config: SignalConfig, sample_fn: SampleFn, prompt_ids_P: n
   if history is None:
     raise ValueError("allocation='knapsack' needs the prompt history")
   budgets = knapsack_budgets(config, history, ids, group_size)
-  success = _call(sample_fn, np.repeat(ids, budgets), 1, key)[:, 0]
+  calls = _Calls(sample_fn)
+  success = calls(np.repeat(ids, budgets), 1, key)[:, 0]
   bounds = np.concatenate([[0], np.cumsum(budgets)])
   groups = [[(bool(success[r]), 0, r) for r in range(bounds[i], bounds[i + 1])]
             for i in range(ids.size)]
   successes = np.array([sum(s[0] for s in g) for g in groups])
-  return _batch(ids, groups, successes, budgets, 1, group_size,
+  return _batch(ids, groups, successes, budgets, calls, group_size,
                 {"signal/knapsack_budget_max": float(budgets.max()),
                  "signal/knapsack_budget_min": float(budgets.min())})

@@ -1,0 +1,412 @@
+"""The RL iteration as a pipeline of values.
+
+:func:`rl_iteration` reads top to bottom::
+
+  collect -> shape rewards -> advantages -> score and weight -> update
+          -> invariant metrics (and the controllers' next state)
+
+each stage a function of what the previous ones returned:
+
+1. :func:`collect`: the signal controller picks prompts (a
+   :class:`PromptSource`) and allocates rollouts
+   (``invariants.signal.allocate_rollouts``: uniform, DAPO dynamic sampling,
+   Reinforce-Ada or Knapsack), sampled by the jitted rollout engine with the
+   actor's parameters (which lag the learner by up to ``max_staleness``
+   updates); the exploration schedule sets the sampling temperature.
+2. :func:`shape_rewards`: over-long episodes masked or punished, and the
+   per-group inputs an estimator takes (ReMax's greedy baselines,
+   Reinforce-Ada's every-rollout statistics).
+3. :func:`compute_advantages`: from each group's rewards, over the batch's
+   :class:`~agentic_rl.objectives.GroupLayout` (or per turn).
+4. :func:`score_and_weight`: the shift controller's per-token loss weights
+   (staleness, partial rollouts, corrections) and, with several updates per
+   batch, the learner's log-probs at the iteration's start.
+5. :func:`update`: ``updates_per_batch`` optimiser steps.
+6. :func:`invariant_metrics`: rewards, the three invariants' monitors,
+   throughput; :func:`next_controls` moves the entropy-bonus coefficient
+   towards its band and records each prompt's outcomes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentic_rl import objectives
+from agentic_rl.invariants import exploration, shift, signal
+from agentic_rl.objectives import GroupLayout
+from agentic_rl.rollout.sampling import SamplingConfig
+from agentic_rl.rollout.types import Rollout
+from agentic_rl.train import checkpoint as checkpoint_lib
+from agentic_rl.train import config as config_lib
+from agentic_rl.train import learner
+from agentic_rl.train import sharding
+from agentic_rl.train.run import Run
+
+
+@dataclasses.dataclass
+class Controls:
+  """Host-side state of the invariant controllers, checkpointed with the run:
+  each prompt's success history (signal) and the entropy-bonus coefficient
+  (exploration)."""
+
+  history: signal.PromptHistory
+  entropy_coef: float
+
+
+class PromptSource:
+  """The RL stage's training prompt ids; owns the position in the data.
+
+  In data order (``position`` advances by what is drawn), or prioritised by
+  each prompt's failure rate and/or restricted to the curriculum's current
+  difficulties (``signal.select_prompts``; the position stays).
+  """
+
+  def __init__(self, signal_cfg: signal.SignalConfig, difficulty_N: np.ndarray,
+               position: int = 0):
+    self.signal_cfg = signal_cfg
+    self.difficulty_N = np.asarray(difficulty_N)
+    self.position = int(position)
+
+  def draw(self, num: int, key, *, history: signal.PromptHistory, step: int) -> np.ndarray:
+    """int ``[num]`` prompt ids of the training pool."""
+    if self.signal_cfg.prompt_sampling == "prioritised" or self.signal_cfg.curriculum:
+      return signal.select_prompts(self.signal_cfg, history, num, key, step=step,
+                                   difficulty_N=self.difficulty_N)
+    ids = (self.position + np.arange(num)) % len(self.difficulty_N)
+    self.position += num
+    return ids
+
+
+@dataclasses.dataclass
+class RLStage:
+  """The RL stage's compiled pieces and host-side settings."""
+
+  prompts_per_step: int
+  group_size: int
+  updates_per_batch: int
+  sampling: SamplingConfig
+  objective: objectives.ObjectiveConfig
+  needs: frozenset  # objectives.required_inputs: what the estimator and loss take
+  signal_cfg: signal.SignalConfig
+  shift_cfg: shift.ShiftConfig
+  explore_cfg: exploration.ExplorationConfig
+  step_fn: Any
+  state_sharding: Any
+  # The old (and reference) log-probs before the first of several updates per
+  # batch; None with one update, whose forward gives them.
+  score_fn: Any = None
+  # Kimi k1.5 mirror descent: the optimiser state restarts every iteration.
+  reset_fn: Any = None
+  # ReMax: the greedy decode of each prompt gives its baseline; else None.
+  greedy_sampling: SamplingConfig | None = None
+
+  @property
+  def rows(self) -> int:
+    """Rollout rows per engine call: one batch's worth, P * G."""
+    return self.prompts_per_step * self.group_size
+
+
+def make_rl_stage(run: Run, stage, optimizer, params, *, reset_each_iteration: bool) -> RLStage:
+  """Compiles the stage's learner step (and scoring pass and optimiser reset
+  where the config asks for them) for ``run.mesh``."""
+  cfg = run.cfg
+  sampling = config_lib.sampling_config(cfg, temperature=stage.temperature,
+                                        top_k=stage.top_k, top_p=stage.top_p)
+  objective = config_lib.objective_config(stage)
+  signal_cfg = config_lib.signal_config(stage)
+  needs = objectives.required_inputs(
+      objective, global_stats=signal_cfg.allocation == "ada" and signal_cfg.ada_global_stats)
+  explore_cfg = config_lib.exploration_config(stage)
+  scoring = dict(temperature=stage.temperature, logprob_impl=cfg.model.logprob_impl,
+                 scheduled_temperature=explore_cfg.scheduled_temperature)
+  with_reference = "ref_logp_BxT" in needs
+  loss_fn = learner.rl_loss(run.model_config, objective,
+                            adaptive_entropy=explore_cfg.adaptive_entropy, **scoring)
+  prepare = learner.reference_inputs(run.model_config, **scoring) if with_reference else None
+  step_fn, state_sharding = learner.shard_train_step(
+      learner.make_train_step(loss_fn, optimizer, micro_batches=cfg.micro_batches,
+                              prepare=prepare),
+      run.mesh, run.model_config, optimizer, params, with_reference=with_reference)
+  score_fn = reset_fn = None
+  if stage.updates_per_batch > 1:
+    score_fn = learner.shard_score(run.mesh, run.model_config, params,
+                                   with_reference=with_reference, **scoring)
+  if reset_each_iteration:
+    reset_fn = sharding.jit_sharded(
+        lambda st: st.replace(opt_state=objectives.reset_optimizer_state(
+            optimizer, st.opt_state, st.params)),
+        run.mesh, in_shardings=(state_sharding,), out_shardings=state_sharding,
+        donate_argnums=(0,))
+  greedy = (config_lib.sampling_config(cfg, greedy=True)
+            if "greedy_rewards_P" in needs else None)
+  return RLStage(stage.prompts_per_step, stage.group_size, stage.updates_per_batch, sampling,
+                 objective, needs, signal_cfg, config_lib.shift_config(stage), explore_cfg,
+                 step_fn, state_sharding, score_fn, reset_fn, greedy)
+
+
+def reference_policy(stage, params):
+  """The frozen policy a KL penalty keeps the stage near, or None without one:
+  the parameters of the latest checkpoint in ``stage.reference_from``, else
+  those the stage starts from (``params``)."""
+  if stage.kind != "rl" or not config_lib.objective_config(stage).kl_coef:
+    return None
+  if not stage.get("reference_from"):
+    return jax.tree.map(jnp.copy, params)
+  try:
+    return checkpoint_lib.load_params(stage.reference_from, like=params)
+  except ValueError as e:
+    raise config_lib.ConfigError(f"config reference_from={stage.reference_from!r}: {e} "
+                                 "(config.model)") from None
+
+
+# ------------------------------------------------------------------ 1. collect
+@dataclasses.dataclass(frozen=True)
+class Collected:
+  """One iteration's rollouts.
+
+  Attributes:
+    batch: the kept rollouts, group by group (leading axis B).
+    layout: the group of each row of ``batch``.
+    sampled: the allocation (prompts, outcomes, every generated rollout,
+      its metrics).
+    greedy: ReMax's greedy decode of each group's prompt (leading axis P),
+      or None.
+    seconds: wall time of the rollouts.
+  """
+
+  batch: Rollout
+  layout: GroupLayout
+  sampled: signal.SampledBatch
+  greedy: Rollout | None
+  seconds: float
+
+
+def collect(run: Run, rl: RLStage, actor: tuple[Any, int], prompts: PromptSource,
+            history: signal.PromptHistory, key, step: int, tau: float) -> Collected:
+  """Rollouts of the actor ``(params, version)``: P groups as the signal
+  controller allocates them, sampled at temperature ``tau``."""
+  params, version = actor
+  t0 = time.perf_counter()
+  scheduled = rl.explore_cfg.scheduled_temperature
+
+  def sample_fn(ids_N, n, k):
+    """``n`` rollouts of each of the prompts ``ids_N``, and their outcomes."""
+    ids = np.repeat(np.asarray(ids_N), n)
+    ro = run.rollout(params, rl.sampling, "train", ids, k, version, rl.rows,
+                     temperature=tau if scheduled else None)
+    return (ro.reward_components["outcome"] > 0.5).reshape(len(ids_N), n), ro
+
+  draw = functools.partial(prompts.draw, history=history, step=step)
+  key, draw_key = jax.random.split(key)
+  sampled = signal.allocate_rollouts(rl.signal_cfg, sample_fn,
+                                     draw(rl.prompts_per_step, draw_key), rl.group_size, key,
+                                     draw_prompts=draw, history=history)
+  greedy = None
+  if rl.greedy_sampling is not None:
+    greedy = run.rollout(params, rl.greedy_sampling, "train", sampled.prompt_ids,
+                         jax.random.fold_in(key, 1), version, rl.rows)
+  return Collected(sampled.rollouts, GroupLayout.of(sampled.group, sampled.num_groups),
+                   sampled, greedy, time.perf_counter() - t0)
+
+
+# ------------------------------------------------------------------ 2. shape rewards
+@dataclasses.dataclass(frozen=True)
+class Shaped:
+  """Shaped rewards: ``rewards_B`` and ``seq_weight_B`` (0 masks an
+  over-long episode out of the loss), with the per-group inputs of the
+  estimator (``[P, ...]`` arrays by name)."""
+
+  rewards_B: np.ndarray
+  seq_weight_B: np.ndarray
+  per_group: dict[str, np.ndarray]
+
+
+def _shape(rl: RLStage, ro: Rollout) -> tuple[np.ndarray, np.ndarray]:
+  rewards, weight = signal.shape_truncated(rl.signal_cfg, ro.reward_B, ro.truncated_B,
+                                           ro.length_B)
+  return np.asarray(rewards, np.float32), np.asarray(weight)
+
+
+def shape_rewards(rl: RLStage, collected: Collected) -> Shaped:
+  rewards_B, seq_weight_B = _shape(rl, collected.batch)
+  per_group = {}
+  if "greedy_rewards_P" in rl.needs:  # ReMax: shaped like the sampled rewards
+    per_group["greedy_rewards_P"] = _shape(rl, collected.greedy)[0]
+  if "all_rewards_PxN" in rl.needs:
+    # Reinforce-Ada's global statistics: every rollout generated for each
+    # group's prompt, kept or not (N the most any prompt got).
+    sampled = collected.sampled
+    generated = _shape(rl, sampled.generated)[0]
+    per_prompt = [generated[sampled.generated_ids == p] for p in sampled.prompt_ids]
+    N = max(len(r) for r in per_prompt)
+    all_PxN = np.zeros((len(per_prompt), N), np.float32)
+    mask_PxN = np.zeros((len(per_prompt), N), bool)
+    for i, r in enumerate(per_prompt):
+      all_PxN[i, :len(r)], mask_PxN[i, :len(r)] = r, True
+    per_group.update(all_rewards_PxN=all_PxN, all_mask_PxN=mask_PxN)
+  return Shaped(rewards_B, seq_weight_B, per_group)
+
+
+# ------------------------------------------------------------------ 3. advantages
+def compute_advantages(rl: RLStage, collected: Collected, shaped: Shaped) -> np.ndarray:
+  """float32 ``[B]`` per-rollout advantages, or ``[B, T]`` per-token ones
+  from a turn-level estimator."""
+  adv_fn = objectives.make_advantage_fn(rl.objective)
+  batch = collected.batch
+  if "turn_rewards" in rl.needs:
+    return objectives.turn_advantages(
+        adv_fn, batch.turn_rewards_BxC, batch.num_turns_B, batch.turn_BxT,
+        episode_bonus_B=shaped.rewards_B - np.asarray(batch.reward_B))
+  return objectives.group_advantages(adv_fn, shaped.rewards_B, collected.layout,
+                                     **shaped.per_group)
+
+
+# ------------------------------------------------------------------ 4. score and weight
+def score_and_weight(run: Run, rl: RLStage, state: learner.TrainState, collected: Collected,
+                     shaped: Shaped, advantages: np.ndarray, entropy_coef: float,
+                     tau: float) -> tuple[dict[str, jax.Array], dict[str, float]]:
+  """The learner's batch on the mesh: tokens, per-token loss weights (the
+  shift controller's, times the sequence weights), advantages, behaviour
+  log-probs and the controllers' settings as per-row arrays; with
+  ``score_fn``, also the learner's log-probs before the first update. Returns
+  ``(learn_batch, shift_stats)``.
+
+  Staleness is counted in learner updates: the lag of each token behind the
+  learner when the batch's first update begins.
+  """
+  batch = collected.batch
+  weights, shift_stats = shift.shift_weights(
+      rl.shift_cfg, batch.loss_mask_BxT, batch.version_BxT, int(state.step))
+  B = batch.tokens_BxT.shape[0]
+  learn_batch = sharding.shard_batch({
+      "tokens_BxT": jnp.asarray(batch.tokens_BxT),
+      "loss_mask_BxT": weights * shaped.seq_weight_B[:, None],
+      "advantages": jnp.asarray(advantages, jnp.float32),
+      "behaviour_logp_BxT": jnp.asarray(batch.behaviour_logp_BxT),
+      "entropy_coef_B": jnp.full((B,), entropy_coef, jnp.float32),
+      "temperature_B": jnp.full((B,), tau, jnp.float32)}, run.mesh)
+  if rl.score_fn is not None:
+    learn_batch.update(rl.score_fn(state.params, state.ref_params, learn_batch["tokens_BxT"],
+                                   jnp.float32(tau)))
+  return learn_batch, shift_stats
+
+
+# ------------------------------------------------------------------ 5. update
+@dataclasses.dataclass(frozen=True)
+class Learned:
+  """What the updates report: each step's metrics (on the host), the
+  learner's log-probs and entropy at the iteration's start ``[B, T]``, and
+  the wall time."""
+
+  metrics: list[dict[str, float]]
+  old_logp_BxT: np.ndarray
+  entropy_BxT: np.ndarray
+  seconds: float
+
+
+def update(rl: RLStage, state: learner.TrainState, learn_batch: dict[str, jax.Array],
+           ) -> tuple[learner.TrainState, Learned]:
+  """``updates_per_batch`` optimiser steps on one batch (after the mirror
+  descent reset where configured)."""
+  t0 = time.perf_counter()
+  if rl.reset_fn is not None:
+    state = rl.reset_fn(state)
+  metrics = []
+  for k in range(rl.updates_per_batch):
+    state, m, outputs = rl.step_fn(state, learn_batch)
+    if k == 0:  # the forward at the iteration's start: the learner's old log-probs
+      old_logp = learn_batch.get("old_logp_BxT", outputs["logp_BxT"])
+      entropy = outputs["entropy_BxT"]
+    metrics.append(m)
+  metrics = [jax.tree.map(float, m) for m in sharding.to_host(metrics)]
+  old_logp, entropy = sharding.to_host((old_logp, entropy))
+  return state, Learned(metrics, old_logp, entropy, time.perf_counter() - t0)
+
+
+# ------------------------------------------------------------------ 6. invariant metrics
+def invariant_metrics(run: Run, rl: RLStage, collected: Collected, shaped: Shaped,
+                      advantages: np.ndarray, learn_batch: dict[str, jax.Array],
+                      shift_stats: dict[str, float], learned: Learned, version: int,
+                      controls: Controls, tau: float) -> dict[str, float]:
+  """The iteration's record: rewards, ``explore/*``, ``signal/*``,
+  ``shift/*``, ``learner/*``, ``episode/*`` and ``perf/*`` (docs/metrics.md).
+  ``version`` is the learner's step when the batch's first update began."""
+  batch, layout, sampled = collected.batch, collected.layout, collected.sampled
+  success = np.asarray(batch.reward_components["outcome"]) > 0.5
+  loss_mask = np.asarray(batch.loss_mask_BxT)
+  metrics = {"reward/mean": float(shaped.rewards_B.mean())}
+  if "greedy_rewards_P" in shaped.per_group:
+    metrics["reward/greedy_baseline"] = float(shaped.per_group["greedy_rewards_P"].mean())
+  metrics.update({f"reward/{k}": float(np.mean(v)) for k, v in batch.reward_components.items()})
+  if layout.size:  # the [P, G] layout, which also gets edit distances
+    hashes = batch.call_hashes_BxC.reshape(layout.num_groups, layout.size, -1)
+    ragged = {}
+  else:
+    hashes, ragged = batch.call_hashes_BxC, layout.monitor_kwargs()
+  metrics.update(exploration.exploration_metrics(batch.entropy_BxT, loss_mask, hashes,
+                                                 success, **ragged))
+  metrics.update(signal.signal_metrics(success, advantages, loss_mask,
+                                       loss_weight_BxT=sharding.to_host(
+                                           learn_batch["loss_mask_BxT"]),
+                                       **layout.monitor_kwargs()))
+  metrics.update(sampled.metrics)
+  metrics["signal/prompt_difficulty"] = float(np.mean(
+      run.tasks.difficulty_of(sampled.prompt_ids)))
+  metrics.update(shift.shift_metrics(loss_mask, batch.behaviour_logp_BxT,
+                                     learned.old_logp_BxT, batch.version_BxT, version))
+  metrics.update(shift_stats)
+  metrics.update({"explore/entropy_coef": controls.entropy_coef, "explore/temperature": tau})
+  mask = loss_mask > 0
+  metrics["learner/entropy"] = float(np.sum(learned.entropy_BxT * mask) / max(mask.sum(), 1))
+  metrics.update(learned.metrics[-1])
+  metrics.update({
+      "learner/skipped": sum(m["learner/skipped"] for m in learned.metrics),
+      "episode/turns": float(np.mean(batch.num_turns_B)),
+      "episode/tool_errors": float(np.mean(batch.num_tool_errors_B)),
+      "episode/truncated": float(np.mean(batch.truncated_B)),
+      "episode/length": float(np.mean(batch.length_B)),
+      "perf/rollout_tokens_per_s": int(sampled.generated.loss_mask_BxT.sum())
+                                   / max(collected.seconds, 1e-9),
+      "perf/learner_tokens_per_s": rl.updates_per_batch * float(np.sum(batch.length_B))
+                                   / max(learned.seconds, 1e-9),
+  })
+  return {k: float(v) for k, v in metrics.items()}
+
+
+def next_controls(rl: RLStage, controls: Controls, collected: Collected,
+                  metrics: dict[str, float]) -> Controls:
+  """Each prompt's outcomes into the history; the entropy-bonus coefficient
+  one step towards its band."""
+  sampled = collected.sampled
+  history = signal.update_history(controls.history, sampled.prompt_ids[sampled.group],
+                                  sampled.success, decay=rl.signal_cfg.history_decay)
+  coef = exploration.update_entropy_coef(
+      rl.explore_cfg, exploration.EntropyCoefState(jnp.float32(controls.entropy_coef)),
+      metrics["explore/entropy"]).coef
+  return Controls(history, float(coef))
+
+
+# ------------------------------------------------------------------ the iteration
+def rl_iteration(run: Run, rl: RLStage, state: learner.TrainState, actor: tuple[Any, int],
+                 prompts: PromptSource, controls: Controls, key, step: int,
+                 ) -> tuple[learner.TrainState, Controls, dict[str, float]]:
+  """RL iteration ``step`` of the stage, by the actor ``(params, version)``;
+  returns ``(state, controls, metrics)``."""
+  tau = float(exploration.temperature_at(rl.explore_cfg, step))
+  collected = collect(run, rl, actor, prompts, controls.history, key, step, tau)
+  shaped = shape_rewards(rl, collected)
+  advantages = compute_advantages(rl, collected, shaped)
+  version = int(state.step)
+  learn_batch, shift_stats = score_and_weight(run, rl, state, collected, shaped, advantages,
+                                              controls.entropy_coef, tau)
+  state, learned = update(rl, state, learn_batch)
+  metrics = invariant_metrics(run, rl, collected, shaped, advantages, learn_batch, shift_stats,
+                              learned, version, controls, tau)
+  return state, next_controls(rl, controls, collected, metrics), metrics

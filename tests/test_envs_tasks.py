@@ -1,0 +1,76 @@
+"""Task pools (``envs.Tasks``) and the SFT demonstration batch built from the
+scripted policies (``envs.demonstration_batch``)."""
+
+import jax
+import numpy as np
+import pytest
+
+from agentic_rl import envs
+from agentic_rl.envs import scripted
+from agentic_rl.envs import tasks as tasks_lib
+from agentic_rl.text import default_codec
+
+
+@pytest.fixture(scope="module")
+def mixture():
+  return envs.make_env("mixture", default_codec(), members=("calc_chain", "multihop"),
+                       weights=(0.25, 0.75))
+
+
+def test_task_pool_levels_cycle_and_match_single_level_generation(mixture):
+  tasks = envs.Tasks(mixture, seed=0, difficulty=(0, 2), prompt_len=80)
+  ids = np.array([5, 0, 3, 2])
+  np.testing.assert_array_equal(tasks.difficulty_of(ids), [2, 0, 2, 0])
+  mixed = tasks.instances("train", ids)
+  for level in (0, 2):
+    alone = envs.Tasks(mixture, seed=0, difficulty=level, prompt_len=80)
+    rows = np.flatnonzero(tasks.difficulty_of(ids) == level)
+    want = alone.instances("train", ids[rows])
+    for got_leaf, want_leaf in zip(jax.tree.leaves(mixed), jax.tree.leaves(want)):
+      np.testing.assert_array_equal(np.asarray(got_leaf)[rows], want_leaf)
+  prompts, lens = tasks.prompts(mixed)
+  assert prompts.shape == (4, 80) and (lens > 0).all() and (lens <= 80).all()
+
+
+def test_demonstration_batch_is_the_scripted_streams_with_action_masks(mixture):
+  T = 200
+  tasks = envs.Tasks(mixture, seed=0, difficulty=0, prompt_len=T)
+  key = jax.random.key(3)
+  data = envs.demonstration_batch(tasks, 16, key, noise=0.0, max_len=T)
+  tokens, mask = data["tokens_BxT"], data["loss_mask_BxT"]
+  assert tokens.shape == mask.shape and tokens.shape[1] == T
+  # The streams of each member, strategy by strategy, in the mixture's
+  # proportions (ceil(16 * w / strategies) per strategy).
+  want_rows, want_masks = [], []
+  for f, (member, w) in enumerate(zip(mixture.envs, mixture.weights)):
+    n = -(-int(round(16 * w)) // len(member.strategies))
+    for s in range(len(member.strategies)):
+      k_inst, k_play = jax.random.split(jax.random.fold_in(jax.random.fold_in(key, f), s))
+      inst = tasks_lib.generate_levels(member, jax.random.split(k_inst, n), np.zeros(n, int))
+      traj = scripted.batch_rollouts(member, inst, jax.random.split(k_play, n), strategy=s)
+      for i in range(n):
+        pick = lambda tree, i=i: jax.tree.map(lambda x: np.asarray(x)[i], tree)  # noqa: E731
+        one = pick(traj)
+        ids = scripted.trajectory_ids(member, pick(inst), one)
+        if len(ids) <= T:
+          want_rows.append(ids)
+          want_masks.append(int(one.action_lens[one.live].sum()))
+  assert len(want_rows) == tokens.shape[0] >= 12
+  for row, m, want, n_act in zip(tokens, mask, want_rows, want_masks):
+    np.testing.assert_array_equal(row[:len(want)], want)
+    assert (row[len(want):] == default_codec().ids.pad).all()
+    assert m.sum() == n_act and (m[len(want):] == 0).all()
+  # Masked tokens decode to the assistant's turns only.
+  codec = default_codec()
+  messages = codec.decode(tokens[0][:len(want_rows[0])])
+  assert [msg.role for msg in messages][:2] == ["system", "user"]
+
+
+def test_demonstration_batch_refuses_a_budget_nothing_fits_in(mixture):
+  # Room for every prompt but for no whole episode.
+  longest = max(int(tasks_lib.encode_prompts(m, tasks_lib.generate_levels(
+      m, jax.random.split(jax.random.key(0), 64), np.zeros(64, int)), 400)[1].max())
+                for m in mixture.envs)
+  tasks = envs.Tasks(mixture, seed=0, difficulty=0, prompt_len=400)
+  with pytest.raises(ValueError, match=f"no demonstration fits in max_len={longest + 8}"):
+    envs.demonstration_batch(tasks, 4, jax.random.key(0), noise=0.0, max_len=longest + 8)

@@ -1,0 +1,76 @@
+"""The RL iteration's stages on their own: the prompt source, and collection
+through the signal controller's allocators (a coin-flip rollout stands in
+for the engine)."""
+
+import jax
+import numpy as np
+import pytest
+from flax import struct
+
+from agentic_rl.invariants import exploration, signal
+from agentic_rl.invariants.host import host_rng
+from agentic_rl.train import rl
+
+
+@struct.dataclass
+class _Rollout:
+  prompt: np.ndarray
+  version: np.ndarray
+  reward_components: dict
+
+
+class _Run:
+  """``Run.rollout`` with P(success) = p_true[prompt]; records the calls."""
+
+  def __init__(self, p_true):
+    self.p_true, self.calls = p_true, []
+
+  def rollout(self, params, sampling, split, ids, key, version, rows, temperature=None):
+    self.calls.append((split, len(ids), rows, temperature))
+    outcome = host_rng(key).random(len(ids)) < self.p_true[ids]
+    return _Rollout(np.asarray(ids), np.full(len(ids), version),
+                    {"outcome": outcome.astype(np.float32)})
+
+
+def _stage(allocation, P=4, G=3, **signal_kw):
+  return rl.RLStage(P, G, 1, sampling=None, objective=None, needs=frozenset(),
+                    signal_cfg=signal.SignalConfig(allocation=allocation, **signal_kw),
+                    shift_cfg=None, explore_cfg=exploration.ExplorationConfig(),
+                    step_fn=None, state_sharding=None)
+
+
+def test_prompt_source_owns_the_data_position():
+  source = rl.PromptSource(signal.SignalConfig(), np.zeros(10, int), position=8)
+  history = signal.init_history(10)
+  np.testing.assert_array_equal(source.draw(4, None, history=history, step=0), [8, 9, 0, 1])
+  assert source.position == 12
+  prioritised = rl.PromptSource(signal.SignalConfig(prompt_sampling="prioritised"),
+                                np.zeros(10, int), position=3)
+  ids = prioritised.draw(4, jax.random.key(0), history=history, step=0)
+  assert len(set(ids.tolist())) == 4 and prioritised.position == 3
+
+
+@pytest.mark.parametrize("allocation", ["uniform", "dynamic", "ada", "knapsack"])
+def test_collect_keeps_the_allocated_rollouts_group_by_group(allocation):
+  p_true = np.tile([0.0, 0.5, 1.0, 0.2], 10)
+  run = _Run(p_true)
+  stage = _stage(allocation)
+  prompts = rl.PromptSource(stage.signal_cfg, np.zeros(40, int), position=10)
+  history = signal.update_history(signal.init_history(40), np.arange(40), p_true * 8, 8)
+  got = rl.collect(run, stage, ({}, 7), prompts, history, jax.random.key(1), step=0, tau=1.0)
+  sampled, batch, layout = got.sampled, got.batch, got.layout
+  assert sampled.num_groups == layout.num_groups == 4
+  # Every kept row is its group's prompt, with the outcome the allocator kept.
+  np.testing.assert_array_equal(batch.prompt, sampled.prompt_ids[layout.group_B])
+  np.testing.assert_array_equal(batch.reward_components["outcome"] > 0.5, sampled.success)
+  assert (batch.version == 7).all()
+  assert len(sampled.generated.prompt) == sampled.metrics["signal/rollouts"]
+  assert all(rows == 12 and split == "train" for split, _, rows, _ in run.calls)
+  if allocation == "knapsack":
+    assert layout.size is None and layout.sizes.sum() == 12
+  else:
+    assert layout.size == 3
+  if allocation == "dynamic":  # refills draw on from the data position
+    assert prompts.position == 10 + len(sampled.generated_ids) // 3 > 14
+  else:
+    assert prompts.position == 14
