@@ -210,7 +210,7 @@ def table(results: dict) -> str:
 
 
 def comparisons(results: dict) -> dict[str, float]:
-  """The headline differences (means over seeds) that the README quotes."""
+  """The headline differences (means over seeds), as docs/ablations/results.md gives them."""
   out = {}
   runs = results["runs"]
   if {"uniform", "dynamic", "knapsack"} <= runs.keys():

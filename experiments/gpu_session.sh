@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The prepared GPU check for the Pallas kernels, sized for one lent H200
-# session (15 minutes of device time, the machine's start included):
+# The GPU check for the Pallas kernels, sized to finish in under 10 minutes
+# on one H200:
 #
-#   device run: bash experiments/gpu_session.sh        (timeout_s about 570)
+#   bash experiments/gpu_session.sh
 #
 # No install and no network: the image's jax, chex, hypothesis and pytest are
 # enough for the kernels, which are copied into an importable package tree.

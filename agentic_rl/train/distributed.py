@@ -11,10 +11,10 @@ trainer's ``--coordinator_address / --num_processes / --process_id`` flags
 feed :func:`maybe_initialize`)::
 
     # host 0 (also runs the coordinator; the port must be free and reachable)
-    python -m experiments.train --workdir=/shared/run1 \
+    python -m experiments.train --workdir=/mnt/nfs/run1 \
         --coordinator_address=10.0.0.1:8476 --num_processes=2 --process_id=0
     # host 1
-    python -m experiments.train --workdir=/shared/run1 \
+    python -m experiments.train --workdir=/mnt/nfs/run1 \
         --coordinator_address=10.0.0.1:8476 --num_processes=2 --process_id=1
 
 Leave the three flags unset for an ordinary single-process run.  On CPU the

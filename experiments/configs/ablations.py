@@ -13,8 +13,7 @@ test scale, ``"sft"`` is the shared warm start). The three studies:
   entropy bonus (band 0.3 to 1 nats) with a temperature decay from 1.2 to 1.
   Read ``explore/distinct_success_seqs_solved``, distinct tool sequences and
   pass@k. (Clip-higher is not an arm: with one update per rollout batch the
-  ratio is 1 and no clip binds; a symmetric-clip arm gave metrics identical
-  to the default's, to the last digit.)
+  ratio is 1 and no clip binds.)
 - ``shift`` (I3): ``max_staleness`` 0, 2 and 8, each without and with
   truncated importance sampling. Read ``shift/*`` and final success.
 

@@ -47,11 +47,9 @@ def _keyed(kind: str, **overrides) -> ml_collections.ConfigDict:
 def _sft_stage() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       kind="sft",
-      # 400: at 300 the warm start was fragile. Seed 0 reached held-out
-      # success 0.375 or 0.047 depending on which XLA:CPU dot ran the
-      # matmuls (rounding differences grow from step ~100), and RL could not
-      # recover from 0.047 (no group had a success). 400 steps: 0.297, then
-      # 0.492 after RL (README).
+      # Shorter warm starts are fragile: their outcome moves with float
+      # rounding, and RL cannot recover from a policy that never succeeds
+      # (BENCHMARKS.md, "Training run").
       steps=400,
       batch_size=32,
       learning_rate=3e-3,
@@ -96,8 +94,8 @@ def _rl_stage() -> ml_collections.ConfigDict:
       # Invariant controllers (agentic_rl.invariants): signal.allocation is
       # uniform, dynamic (DAPO), ada (Reinforce-Ada) or knapsack; see
       # SignalConfig and ShiftConfig for every field. Dynamic sampling is the
-      # default: with uniform allocation two thirds of the groups carry no
-      # gradient on this task and RL stalls (README).
+      # default: with uniform allocation most groups of this task have
+      # all-equal outcomes and carry no gradient (docs/ablations/results.md).
       signal=_fields(signal.SignalConfig, exclude=("bands",), allocation="dynamic"),
       shift=_fields(shift.ShiftConfig, exclude=("bands", "max_staleness")),
       # Exploration controllers (ExplorationConfig): entropy_band=(low, high)

@@ -8,7 +8,7 @@ sampling-temperature schedule. Both are jittable pure functions of a static
   in the spirit of the automatic entropy tuning of SAC, Haarnoja et al. 2018,
   but aimed at a band rather than a point).
 - Temperature schedule: high early for exploration, decayed later (Kimi K2's
-  temperature decay, ``algorithms.md`` §2.1): ``constant``, ``linear`` or
+  temperature decay, arXiv 2507.20534): ``constant``, ``linear`` or
   ``cosine`` from ``temperature`` to ``temperature_final`` over
   ``temperature_steps``.
 """

@@ -6,7 +6,8 @@ level of *strategies*: the canonical tool-call sequence of each rollout
 arguments; ``-1`` marks padding and steps that were not tool calls and is
 reserved for that). A rollout's sequence is its non-(-1) hashes in order, so
 two rollouts follow the same strategy iff those sequences are equal.
-Definitions follow ``algorithms.md`` §9.9:
+No standard definition exists (docs/references.md#strategy-level-diversity);
+these are the project's:
 
 - distinct tool-call sequences per group, and the same among successful
   rollouts (the number of distinct *feasible* paths);

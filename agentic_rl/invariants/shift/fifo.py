@@ -3,7 +3,7 @@
 In asynchronous RL, groups are launched in order and finish in any order. Greedy
 collection (take whatever finished first) biases batches towards fast, easy
 episodes; strict FIFO stalls on the slowest one. Windowed FIFO (MiniMax Forge,
-``algorithms.md`` §3.4) takes only finished groups among the first W launched
+2026; docs/references.md#windowed-fifo) takes only finished groups among the first W launched
 groups not yet collected: the window at the head of the queue slides forward as
 its oldest groups are collected, so a group can be overtaken by at most W - 1
 younger ones.

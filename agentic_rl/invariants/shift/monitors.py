@@ -11,8 +11,9 @@ Per-token inputs, all ``[B, T]``:
 Staleness of a token is ``current_version - version``. The mismatch statistics
 use ``delta_t = learner_logp - behaviour_logp``; the K3 estimator
 ``exp(delta) - delta - 1`` averages to KL(behaviour || learner) under behaviour
-samples (``algorithms.md`` §9.6, "vllm-kl"). Jittable; ``check_versions`` is the
-host-side validator for data that has arrived on the host.
+samples (the "vllm-kl" monitor of Liu, Li et al. 2025; see
+docs/references.md#mismatch-monitor-and-alarm). Jittable; ``check_versions``
+is the host-side validator for data that has arrived on the host.
 """
 
 from __future__ import annotations

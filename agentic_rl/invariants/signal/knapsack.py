@@ -1,6 +1,6 @@
 """Knapsack RL rollout-budget allocation, solved exactly by dynamic programming.
 
-Knapsack RL (Li et al., arXiv 2509.25849; ``algorithms.md`` §7) gives prompt i,
+Knapsack RL (Li et al., arXiv 2509.25849) gives prompt i,
 with estimated success rate p_i, a budget of N_i rollouts chosen to maximise
 
     sum_i Value(N_i, p_i),  Value(N, p) = (1 - p^N - (1 - p)^N) * p * (1 - p)^2,

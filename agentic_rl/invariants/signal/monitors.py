@@ -6,7 +6,7 @@ uniform ``[P, G]`` or ragged ``[B]`` + ``group_B`` layout of
 
 A group is *zero-variance* when its binary outcomes are all equal (all success
 or all failure, or a single rollout): a group-relative advantage is then zero
-and the group yields no gradient (DAPO, Knapsack RL; ``algorithms.md`` §7, §9.1).
+and the group yields no gradient (DAPO, arXiv 2503.14476; Knapsack RL, arXiv 2509.25849).
 """
 
 from __future__ import annotations

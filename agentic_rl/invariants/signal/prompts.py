@@ -1,11 +1,12 @@
 """Which prompts a batch draws: prioritised and curriculum sampling (host-side).
 
-- Prioritised sampling (Kimi k1.5 §2.3.4, ``algorithms.md`` §1.4): prompt i is
+- Prioritised sampling (Kimi k1.5, arXiv 2501.12599, §2.3.4): prompt i is
   drawn with probability proportional to ``1 - s_i``, s_i its estimated
   success rate (``history.success_rates``), so solved prompts fade out.
 - Curriculum: a piecewise-constant difficulty schedule; at step t only prompts
   whose difficulty lies in the active stage's ``[min, max]`` are eligible
-  (k1.5: uniform first, then hard problems only; GLM-4.5's two stages).
+  (k1.5: uniform first, then hard problems only; GLM-4.5, arXiv 2508.06471:
+  two stages).
 
 Draws are without replacement and deterministic given the PRNG key.
 """

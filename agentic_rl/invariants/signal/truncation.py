@@ -1,4 +1,4 @@
-"""Truncated (over-long) responses: mask them or punish them (DAPO, ``algorithms.md`` §9.1).
+"""Truncated (over-long) responses: mask them or punish them (DAPO, arXiv 2503.14476).
 
 A truncated response has no real outcome: scoring it as a failure teaches the
 policy that length is bad only by accident, and it adds noise to the signal.
