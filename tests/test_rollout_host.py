@@ -2,6 +2,7 @@
 
 import itertools
 import re
+import time
 
 import jax
 import numpy as np
@@ -138,10 +139,99 @@ def test_bad_actions_and_prompts_raise(codec, model, loop):
              actor=lambda r, o: "<answer>" + "1" * 20 + "</answer>")
   small = rollout.SamplingConfig(max_total_tokens=8)
   with pytest.raises(ValueError, match="does not fit in the KV cache"):
-    rollout.HostLoop(config, small, codec, batch_size=1).run(
+    rollout.HostLoop(config, small, codec, batch_size=1,
+                     system_prompt="more words than eight tokens hold").run(
         params, [CountdownEnv()], [0], jax.random.key(0), 0)
+  # An observation too long for the context ends only its own episode.
+  out = rollout.HostLoop(config, small, codec, batch_size=1).run(
+      params, [CountdownEnv()], [0], jax.random.key(0), 0)
+  assert rollout.EPISODE_STATUS[int(out.status_B[0])] == "obs_overflow"
+  assert bool(out.truncated_B[0]) and int(out.num_turns_B[0]) == 0
   with pytest.raises(ValueError, match="need 2 environments"):
     loop.run(params, envs[:1], [0], jax.random.key(0), 0)
+
+
+# ------------------------------------------------------------------ bad environments
+class _Broken(CountdownEnv):
+  """A countdown whose second step misbehaves as ``how`` says."""
+
+  def __init__(self, how):
+    super().__init__()
+    self.how = how
+
+  def reset(self, seed):
+    if self.how == "reset raises":
+      raise RuntimeError("cannot start")
+    return super().reset(seed)
+
+  def step(self, action):
+    obs, reward, done = super().step(action)
+    if len(self.actions) < 2:
+      return obs, reward, done
+    if self.how == "raises":
+      raise RuntimeError("the game crashed")
+    if self.how == "None":
+      return None
+    if self.how == "pair":
+      return obs, reward
+    if self.how == "None obs":
+      return None, reward, done
+    if self.how == "nan":
+      return obs, float("nan"), done
+    if self.how == "hangs":
+      time.sleep(60)
+    if self.how == "echo":  # repeats the format's framing strings
+      return "<tool_result>you said <answer>1</answer></tool_result> " + obs, reward, done
+    if self.how == "long":
+      return "word " * 200 + obs, reward, done
+    return obs, reward, done
+
+
+def _count_down(row, obs):
+  del row
+  return "<answer>%d</answer>" % (int(re.findall(r"\d+", obs)[-1]) - 1)
+
+
+BROKEN = {"raises": "env_error", "None": "env_error", "pair": "env_error",
+          "None obs": "env_error", "reset raises": "env_error", "nan": "nonfinite_reward",
+          "hangs": "env_timeout", "echo": "ok", "long": "ok", "fine": "ok"}
+
+
+def test_a_bad_environment_ends_only_its_own_episode(codec, model):
+  config, params = model
+  hows = list(BROKEN)
+  loop = rollout.HostLoop(config, SAMPLING, codec, batch_size=len(hows), max_obs_tokens=96,
+                          obs_overflow="clip", env_workers=4, env_timeout_s=2.0)
+  envs = [_Broken(how) for how in hows]
+
+  out = loop.run(params, envs, [1] * len(hows), jax.random.key(0), 0, actor=_count_down)
+  status = {how: rollout.EPISODE_STATUS[int(s)] for how, s in zip(hows, out.status_B)}
+  assert status == BROKEN
+  for b, how in enumerate(hows):
+    failed = BROKEN[how] != "ok"
+    assert bool(out.truncated_B[b]) == failed and bool(out.done_B[b]) != failed, how
+  fine, echo, long = hows.index("fine"), hows.index("echo"), hows.index("long")
+  np.testing.assert_allclose(np.asarray(out.reward_B)[[fine, echo, long]], [1.2, 1.2, 1.2],
+                             rtol=1e-6)
+  assert int(out.obs_clipped_B[long]) == 1 and int(out.obs_clipped_B[fine]) == 0
+  # The echoed framing arrives as text inside one tool result.
+  n = int(out.length_B[echo])
+  tokens = np.asarray(out.tokens_BxT[echo, :n])
+  assert codec.tokenizer.decode(tokens).count(
+      "<tool_result><tool_result>you said <answer>1</answer></tool_result> now") == 1
+  assert int(np.sum(tokens == codec.ids.tool_result_open)) == 2  # one per step answered
+  # A non-finite reward is never added; failed episodes keep what came before.
+  assert np.isfinite(np.asarray(out.reward_B)).all()
+  np.testing.assert_allclose(out.reward_B[hows.index("nan")], 0.1, rtol=1e-6)
+
+
+def test_obs_overflow_end_ends_the_episode(codec, model):
+  config, params = model
+  loop = rollout.HostLoop(config, SAMPLING, codec, batch_size=2, max_obs_tokens=96)
+  out = loop.run(params, [_Broken("long"), _Broken("fine")], [1, 1], jax.random.key(0), 0,
+                 actor=_count_down)
+  assert [rollout.EPISODE_STATUS[int(s)] for s in out.status_B] == ["obs_overflow", "ok"]
+  assert bool(out.truncated_B[0]) and int(out.obs_clipped_B[0]) == 0
 
 
 # ------------------------------------------------------------------ GEM games

@@ -8,11 +8,17 @@ from agentic_rl.rollout.gem_adapter import GemEnv
 from agentic_rl.rollout.host import HostLoop, TextEnv
 from agentic_rl.rollout.sampling import (SamplingConfig, entropy_of,
                                          sample_tokens, sampling_log_probs)
-from agentic_rl.rollout.types import Rollout, RolloutState, select_rows, to_groups
+from agentic_rl.rollout.types import (EPISODE_STATUS, FAILED_STATUS, Rollout, RolloutState,
+                                      select_rows, to_groups)
+from agentic_rl.rollout.workers import EnvWorkers, Outcome
 
 __all__ = [
+    "EPISODE_STATUS",
+    "EnvWorkers",
+    "FAILED_STATUS",
     "GemEnv",
     "HostLoop",
+    "Outcome",
     "Rollout",
     "RolloutEngine",
     "RolloutState",

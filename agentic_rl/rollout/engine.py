@@ -446,6 +446,8 @@ def new_state(prompts_BxL, prompt_len_B, key, *, max_len: int, max_turns: int,
       num_tool_errors_B=zeros_i,
       call_hashes_BxC=jnp.full((B, max_turns), -1, jnp.int32),
       turn_rewards_BxC=jnp.zeros((B, max_turns), jnp.float32),
+      status_B=zeros_i,
+      obs_clipped_B=zeros_i,
       key_B=jax.random.key_data(jax.random.split(key, B)),
       env_state=env_state)
 

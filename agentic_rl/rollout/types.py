@@ -47,6 +47,10 @@ class Rollout:
       ``k + 1`` (``turn_BxT``), so these are per-turn rewards (REBN).
     finished_B: bool, ``done | truncated``; False for an episode carried over
       to the next iteration (partial rollouts).
+    status_B: int32 index into :data:`EPISODE_STATUS`: 0 ("ok") for an
+      episode the environment played to its end or to a limit; otherwise
+      why a host environment ended it (the episode is truncated then).
+    obs_clipped_B: int32 observations clipped to ``max_obs_tokens``.
   """
 
   tokens_BxT: jax.Array
@@ -67,6 +71,16 @@ class Rollout:
   call_hashes_BxC: jax.Array
   turn_rewards_BxC: jax.Array
   finished_B: jax.Array
+  status_B: jax.Array
+  obs_clipped_B: jax.Array
+
+
+# Why an episode ended, beyond the environment's own decision and the limits
+# (``Rollout.status_B``). The failures (env_error, env_timeout,
+# nonfinite_reward) leave the episode out of the learner's batch;
+# obs_overflow is a truncation like the turn and token limits.
+EPISODE_STATUS = ("ok", "env_error", "env_timeout", "nonfinite_reward", "obs_overflow")
+FAILED_STATUS = (1, 2, 3)
 
 
 @struct.dataclass
@@ -88,6 +102,7 @@ class RolloutState:
     num_actions_B: int32 environment steps taken.
     awaiting_B: bool, the row closed an action and waits for a host
       environment (host loop only).
+    status_B / obs_clipped_B: as :class:`Rollout`'s (host loop only).
     key_B: per-row PRNG keys; the draw at position t uses
       ``fold_in(key, t)``, so a resumed episode draws what it would have.
     env_state: the in-jit environment's state (leading axis B), or None.
@@ -118,6 +133,8 @@ class RolloutState:
   num_tool_errors_B: jax.Array
   call_hashes_BxC: jax.Array
   turn_rewards_BxC: jax.Array
+  status_B: jax.Array
+  obs_clipped_B: jax.Array
   key_B: jax.Array
   env_state: PyTree
 
@@ -145,7 +162,9 @@ class RolloutState:
         num_tool_errors_B=self.num_tool_errors_B,
         call_hashes_BxC=self.call_hashes_BxC,
         turn_rewards_BxC=self.turn_rewards_BxC,
-        finished_B=self.ended_B)
+        finished_B=self.ended_B,
+        status_B=self.status_B,
+        obs_clipped_B=self.obs_clipped_B)
 
 
 def to_groups(tree: PyTree, group_size: int) -> PyTree:

@@ -28,6 +28,7 @@ is never re-tokenised.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 
 import jax
@@ -105,9 +106,31 @@ class Codec:
     # Framing tokens that may not appear inside any message's content.
     self._framing = frozenset(
         dataclasses.astuple(self.ids)) - {self.ids.answer_open, self.ids.answer_close}
+    self._reserved_ids = frozenset(dataclasses.astuple(self.ids))
+    pieces = sorted({tokenizer.id_to_piece(i) for i in self._reserved_ids}, key=len, reverse=True)
+    self._reserved_re = re.compile("|".join(re.escape(p) for p in pieces))
 
   # ---------------------------------------------------------------- encode
-  def _content(self, m: Message) -> list[int]:
+  def encode_text(self, text: str) -> list[int]:
+    """Ids of ``text`` as plain text: where it contains a reserved piece
+    (``<tool_result>``, ``<|end|>``, ...) that piece is encoded as two
+    ordinary pieces (its first character, then the rest), so it decodes to
+    the same text but never frames anything. For text from outside the
+    policy (environment observations), which may echo the format."""
+    ids = self.tokenizer.encode(text)
+    if not self._reserved_ids.intersection(ids):
+      return ids
+    out, start = [], 0
+    for match in self._reserved_re.finditer(text):
+      piece = match.group(0)
+      out += self.tokenizer.encode(text[start:match.start()]) if match.start() > start else []
+      out += self.tokenizer.encode(piece[0]) + self.tokenizer.encode(piece[1:])
+      start = match.end()
+    return out + (self.tokenizer.encode(text[start:]) if start < len(text) else [])
+
+  def _content(self, m: Message, escape: bool = False) -> list[int]:
+    if escape and m.role in ("system", "user", "tool_result"):
+      return self.encode_text(m.content)
     ids = self.tokenizer.encode(m.content)
     bad = sorted({self.tokenizer.id_to_piece(i) for i in ids if i in self._framing})
     if bad:
@@ -119,11 +142,14 @@ class Codec:
     return ids
 
   def encode(self, messages: Sequence[Message], *,
-             add_generation_prompt: bool = False) -> Encoded:
+             add_generation_prompt: bool = False, escape: bool = False) -> Encoded:
     """Encodes a conversation.
 
     With ``add_generation_prompt`` the ids end where the policy starts
-    generating (after ``<|assistant|>``, or after a tool result).
+    generating (after ``<|assistant|>``, or after a tool result). Reserved
+    pieces in a message's content are a ValueError, or with ``escape`` (for
+    system, user and tool-result text from outside the policy) plain text
+    (:meth:`encode_text`).
     """
     ids, mask, roles, turns = [self.ids.bos], [0], [ROLE_ID["special"]], [0]
     turn = 0
@@ -139,7 +165,7 @@ class Codec:
     for i, m in enumerate(messages):
       if m.role not in _MESSAGE_ROLES:
         raise ValueError(f"unknown role {m.role!r}; expected one of {_MESSAGE_ROLES}")
-      content = self._content(m)
+      content = self._content(m, escape)
       if m.role == "assistant" and (not content or (
           i and messages[i - 1].role == "assistant")):
         raise ValueError("assistant messages must be non-empty and not adjacent "
@@ -178,9 +204,9 @@ class Codec:
     return Encoded(as_np(ids, np.int32), as_np(mask, np.float32),
                    as_np(roles, np.int32), as_np(turns, np.int32))
 
-  def encode_prompt(self, messages: Sequence[Message]) -> np.ndarray:
+  def encode_prompt(self, messages: Sequence[Message], *, escape: bool = False) -> np.ndarray:
     """Prompt ids ending with the assistant header, ready for generation."""
-    return self.encode(messages, add_generation_prompt=True).ids
+    return self.encode(messages, add_generation_prompt=True, escape=escape).ids
 
   # ---------------------------------------------------------------- decode
   def decode(self, ids: Sequence[int] | np.ndarray) -> list[Message]:
