@@ -2,6 +2,8 @@
 through the signal controller's allocators (a coin-flip rollout stands in
 for the engine)."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -74,3 +76,31 @@ def test_collect_keeps_the_allocated_rollouts_group_by_group(allocation):
     assert prompts.position == 10 + len(sampled.generated_ids) // 3 > 14
   else:
     assert prompts.position == 14
+
+
+@struct.dataclass
+class _Episodes:
+  reward_B: np.ndarray
+  truncated_B: np.ndarray
+  length_B: np.ndarray
+  status_B: np.ndarray
+
+
+def test_failed_episodes_leave_the_advantages_and_the_loss():
+  from agentic_rl import objectives  # pylint: disable=g-import-not-at-top
+  # Three groups of three; row 1 failed (env_error), and group 2 keeps one
+  # episode (rows 6, 7 failed), which is too few to compare: it leaves too.
+  rewards = np.array([1, 0, 0, 1, 1, 0, 1, 0, 0], np.float32)
+  status = np.array([0, 1, 0, 0, 0, 0, 2, 3, 0], np.int32)
+  batch = _Episodes(rewards, np.zeros(9, bool), np.full(9, 10), status)
+  layout = objectives.GroupLayout.of(np.repeat([0, 1, 2], 3), 3)
+  collected = rl.Collected(batch, layout, sampled=None, greedy=None, seconds=0.0)
+  stage = dataclasses.replace(_stage("uniform"),
+                              objective=objectives.ObjectiveConfig(advantage="grpo"))
+  shaped = rl.shape_rewards(stage, collected)
+  np.testing.assert_array_equal(shaped.valid_B, [1, 0, 1, 1, 1, 1, 0, 0, 0])
+  adv = rl.compute_advantages(stage, collected, shaped)
+  grpo = objectives.make_advantage_fn(stage.objective)
+  np.testing.assert_allclose(adv[[0, 2]], np.asarray(grpo(rewards[None, [0, 2]]))[0])
+  np.testing.assert_allclose(adv[3:6], np.asarray(grpo(rewards[None, 3:6]))[0])
+  assert (adv[[1, 6, 7, 8]] == 0).all()

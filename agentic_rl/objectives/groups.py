@@ -62,17 +62,18 @@ def group_advantages(adv_fn: Callable, rewards_B: np.ndarray, layout: GroupLayou
 
   ``per_group`` arrays (leading axis ``[P]``, such as ReMax's
   ``greedy_rewards_P`` or Reinforce-Ada's ``all_rewards_PxN``) are passed
-  along, sliced to match under ragged groups.
+  along, sliced to match under ragged groups (where an empty group is
+  skipped).
   """
   rewards_B = np.asarray(rewards_B, np.float32)
   if layout.size is not None:
     return np.asarray(adv_fn(jnp.asarray(rewards_B.reshape(layout.num_groups, layout.size)),
                              **per_group)).reshape(-1)
   bounds = np.concatenate([[0], np.cumsum(layout.sizes)])
-  return np.concatenate([
+  return np.concatenate([np.zeros(0, np.float32)] + [
       np.asarray(adv_fn(jnp.asarray(rewards_B[a:b][None]),
                         **{k: v[i:i + 1] for k, v in per_group.items()}))[0]
-      for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))])
+      for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])) if b > a])
 
 
 def turn_advantages(adv_fn: Callable, turn_rewards_BxC: np.ndarray, num_turns_B: np.ndarray,

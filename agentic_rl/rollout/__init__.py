@@ -4,7 +4,7 @@ partial rollouts, and the train-inference consistency check."""
 from agentic_rl.invariants.shift.monitors import mismatch_metrics
 from agentic_rl.rollout.consistency import learner_logprobs
 from agentic_rl.rollout.engine import RolloutEngine
-from agentic_rl.rollout.gem_adapter import GemEnv
+from agentic_rl.envs.gem import GemEnv
 from agentic_rl.rollout.host import HostLoop, TextEnv
 from agentic_rl.rollout.sampling import (SamplingConfig, entropy_of,
                                          sample_tokens, sampling_log_probs)

@@ -35,6 +35,7 @@ instead of sampled. Each action must end with exactly one stop id.
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -110,7 +111,9 @@ class HostLoop:
     """Plays one episode per environment; returns the batch as a Rollout.
 
     ``reward_B`` sums the environment's step rewards; ``reward_components``
-    is empty and ``call_hashes_BxC`` is -1 (the text protocol has neither).
+    is empty (the text protocol has none) and ``call_hashes_BxC`` holds a
+    hash of each step's action (its token ids), so the exploration monitors
+    count distinct action sequences.
     """
     B, T = self.batch_size, self.sampling.max_total_tokens
     check_version(version)
@@ -199,6 +202,8 @@ class HostLoop:
     cur = int(s.cur_B[b])
     s.seg_len_B[b] = 0
     s.awaiting_B[b] = False
+    if s.num_actions_B[b] < s.call_hashes_BxC.shape[1]:  # the behaviour path: what was done
+      s.call_hashes_BxC[b, s.num_actions_B[b]] = zlib.crc32(action_ids.tobytes()) & 0x7FFFFFFF
     s.num_actions_B[b] += 1
     s.num_tool_calls_B[b] += int(action_ids[-1] == self.ids.tool_call_close)
     if failure := _failure(out):

@@ -12,15 +12,18 @@ import os
 
 from agentic_rl import model as model_lib
 from agentic_rl import objectives
+from agentic_rl.envs import host as host_lib
 from agentic_rl.envs import registry
+from agentic_rl.envs import tasks as tasks_lib
 from agentic_rl.invariants import exploration, shift, signal
 from agentic_rl.invariants.alarms import Band
+from agentic_rl.rollout.host import OBS_OVERFLOW
 from agentic_rl.rollout.sampling import SamplingConfig
 from agentic_rl.text import tokenizer as tok_lib
 from agentic_rl.train import sharding
-from agentic_rl.envs import tasks as tasks_lib
 
 STAGE_KINDS = ("sft", "rl")
+TASK_SOURCES = ("jax", "host")
 OPTIMIZERS = ("adamw", "mirror_descent")
 # Mirror descent's KL-to-previous-policy term lives in the loss.
 MIRROR_DESCENT_LOSSES = ("kimi",)
@@ -176,6 +179,41 @@ def _validate_rl_stage(name: str, stage, model_cfg, levels) -> None:
     _err(f"config.{name}.max_staleness must be >= 0, got {stage.max_staleness}")
 
 
+def _validate_host_tasks(cfg) -> None:
+  """``config.tasks`` with ``source="host"``: the environment loads, builds
+  and speaks the protocol; the stages ask nothing it cannot give."""
+  t = cfg.tasks
+  where = f"config.tasks.host_env={t.host_env!r}"
+  try:
+    factory = host_lib.load_factory(t.host_env)
+    kwargs = host_lib.host_kwargs(t.host_kwargs)
+  except ValueError as e:
+    _err(f"config.tasks: {e}")
+  try:
+    env = factory(**kwargs)
+  except Exception as e:  # pylint: disable=broad-except
+    _err(f"{where}: building it with host_kwargs={kwargs} failed: {type(e).__name__}: {e}")
+  missing = [m for m in ("reset", "step") if not callable(getattr(env, m, None))]
+  if missing:
+    _err(f"{where} makes {type(env).__name__}, which lacks {missing}: a host environment "
+         "has reset(seed) -> str and step(action) -> (observation, reward, done)")
+  sft = [name for name in cfg.stages if cfg[name].kind == "sft"]
+  if sft and not callable(getattr(env, "demonstration", None)):
+    _err(f"{where}: the SFT stage {sft[0]!r} needs demonstrations, and "
+         f"{type(env).__name__} has no demonstration(seed) -> list of actions; train with RL "
+         f"only (--config.stages=rl) or give the environment one")
+  for key in ("env_workers", "max_obs_tokens"):
+    _check_positive(f"config.tasks.{key}", t[key])
+  if t.env_timeout_s is not None and t.env_timeout_s < 0:
+    _err(f"config.tasks.env_timeout_s must be > 0 (0 or None: no limit), got {t.env_timeout_s}")
+  if t.obs_overflow not in OBS_OVERFLOW:
+    _err(f"config.tasks.obs_overflow is {t.obs_overflow!r}; valid: {', '.join(OBS_OVERFLOW)}")
+  for name in cfg.stages:
+    if cfg[name].kind == "rl" and exploration_config(cfg[name]).scheduled_temperature:
+      _err(f"config.{name}.exploration.temperature_schedule: host environments sample at "
+           f"one temperature (config.{name}.temperature); keep the schedule 'constant'")
+
+
 def validate(cfg) -> None:
   """Raises :class:`ConfigError` naming the problem and the fix; builds nothing."""
   try:
@@ -204,6 +242,11 @@ def _validate(cfg) -> None:
       _err(f"config.eval.{key}={cfg.eval[key]} exceeds the held-out pool "
            f"config.tasks.test_size={cfg.tasks.test_size}; evaluation reads the first "
            "prompts of that pool")
+  source = cfg.tasks.get("source", "jax")
+  if source not in TASK_SOURCES:
+    _err(f"config.tasks.source is {source!r}; valid: {', '.join(TASK_SOURCES)}")
+  if source == "host":
+    _validate_host_tasks(cfg)
   unknown = set(cfg.tasks.families) - set(registry.ENVS)
   if unknown:
     _err(f"config.tasks.families has unknown task families {sorted(unknown)}; "

@@ -24,7 +24,6 @@ import numpy as np
 from agentic_rl import invariants
 from agentic_rl import model as model_lib
 from agentic_rl import objectives
-from agentic_rl.envs import scripted
 from agentic_rl.invariants import signal
 from agentic_rl.train import checkpoint as checkpoint_lib
 from agentic_rl.train import config as config_lib
@@ -197,9 +196,7 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
       stop = None
 
       if stage.kind == "sft":
-        data = scripted.demonstration_batch(run.tasks, stage.num_demos, stage_key,
-                                            noise=stage.demo_noise,
-                                            max_len=cfg.sampling.max_total_tokens)
+        data = run.demonstrations(state.params, stage, stage_key)
         step_fn, state_sharding = learner.shard_train_step(learner.make_train_step(
             learner.sft_loss(run.model_config, logprob_impl=cfg.model.logprob_impl),
             optimizer, micro_batches=cfg.micro_batches),

@@ -42,7 +42,7 @@ from agentic_rl import objectives
 from agentic_rl.invariants import exploration, shift, signal
 from agentic_rl.objectives import GroupLayout
 from agentic_rl.rollout.sampling import SamplingConfig
-from agentic_rl.rollout.types import Rollout
+from agentic_rl.rollout.types import EPISODE_STATUS, FAILED_STATUS, Rollout
 from agentic_rl.train import checkpoint as checkpoint_lib
 from agentic_rl.train import config as config_lib
 from agentic_rl.train import learner
@@ -221,11 +221,15 @@ def collect(run: Run, rl: RLStage, actor: tuple[Any, int], prompts: PromptSource
 class Shaped:
   """Shaped rewards: ``rewards_B`` and ``seq_weight_B`` (0 masks an
   over-long episode out of the loss), with the per-group inputs of the
-  estimator (``[P, ...]`` arrays by name)."""
+  estimator (``[P, ...]`` arrays by name). ``valid_B`` is False for an
+  episode its environment failed (``Rollout.status_B``) and for the rest of
+  a group it leaves with fewer than two: those are left out of the
+  advantages and of the loss."""
 
   rewards_B: np.ndarray
   seq_weight_B: np.ndarray
   per_group: dict[str, np.ndarray]
+  valid_B: np.ndarray
 
 
 def _shape(rl: RLStage, ro: Rollout) -> tuple[np.ndarray, np.ndarray]:
@@ -251,7 +255,12 @@ def shape_rewards(rl: RLStage, collected: Collected) -> Shaped:
     for i, r in enumerate(per_prompt):
       all_PxN[i, :len(r)], mask_PxN[i, :len(r)] = r, True
     per_group.update(all_rewards_PxN=all_PxN, all_mask_PxN=mask_PxN)
-  return Shaped(rewards_B, seq_weight_B, per_group)
+  # Failed episodes leave the batch, and so does a group left with fewer
+  # than two episodes (nothing to compare).
+  valid_B = ~np.isin(np.asarray(collected.batch.status_B), FAILED_STATUS)
+  group_B = collected.layout.group_B
+  valid_B &= np.bincount(group_B[valid_B], minlength=collected.layout.num_groups)[group_B] >= 2
+  return Shaped(rewards_B, seq_weight_B, per_group, valid_B)
 
 
 # ------------------------------------------------------------------ 3. advantages
@@ -259,13 +268,19 @@ def compute_advantages(rl: RLStage, collected: Collected, shaped: Shaped) -> np.
   """float32 ``[B]`` per-rollout advantages, or ``[B, T]`` per-token ones
   from a turn-level estimator."""
   adv_fn = objectives.make_advantage_fn(rl.objective)
-  batch = collected.batch
+  batch, valid = collected.batch, shaped.valid_B
   if "turn_rewards" in rl.needs:
     return objectives.turn_advantages(
         adv_fn, batch.turn_rewards_BxC, batch.num_turns_B, batch.turn_BxT,
-        episode_bonus_B=shaped.rewards_B - np.asarray(batch.reward_B))
-  return objectives.group_advantages(adv_fn, shaped.rewards_B, collected.layout,
-                                     **shaped.per_group)
+        episode_bonus_B=shaped.rewards_B - np.asarray(batch.reward_B)) * valid[:, None]
+  if valid.all():
+    return objectives.group_advantages(adv_fn, shaped.rewards_B, collected.layout,
+                                       **shaped.per_group)
+  layout = GroupLayout.of(collected.layout.group_B[valid], collected.layout.num_groups)
+  advantages = np.zeros(valid.shape, np.float32)
+  advantages[valid] = objectives.group_advantages(adv_fn, shaped.rewards_B[valid], layout,
+                                                  **shaped.per_group)
+  return advantages
 
 
 # ------------------------------------------------------------------ 4. score and weight
@@ -287,7 +302,7 @@ def score_and_weight(run: Run, rl: RLStage, state: learner.TrainState, collected
   B = batch.tokens_BxT.shape[0]
   learn_batch = sharding.shard_batch({
       "tokens_BxT": jnp.asarray(batch.tokens_BxT),
-      "loss_mask_BxT": weights * shaped.seq_weight_B[:, None],
+      "loss_mask_BxT": weights * (shaped.seq_weight_B * shaped.valid_B)[:, None],
       "advantages": jnp.asarray(advantages, jnp.float32),
       "behaviour_logp_BxT": jnp.asarray(batch.behaviour_logp_BxT),
       "entropy_coef_B": jnp.full((B,), entropy_coef, jnp.float32),
@@ -372,12 +387,26 @@ def invariant_metrics(run: Run, rl: RLStage, collected: Collected, shaped: Shape
       "episode/tool_errors": float(np.mean(batch.num_tool_errors_B)),
       "episode/truncated": float(np.mean(batch.truncated_B)),
       "episode/length": float(np.mean(batch.length_B)),
+      **episode_health(sampled.generated),
       "perf/rollout_tokens_per_s": int(sampled.generated.loss_mask_BxT.sum())
                                    / max(collected.seconds, 1e-9),
       "perf/learner_tokens_per_s": rl.updates_per_batch * float(np.sum(batch.length_B))
                                    / max(learned.seconds, 1e-9),
   })
   return {k: float(v) for k, v in metrics.items()}
+
+
+def episode_health(rollouts: Rollout) -> dict[str, float]:
+  """How many of the rollouts' environments failed, and how (counts over
+  every rollout generated; ``Rollout.status_B``), and how many
+  observations were clipped."""
+  status = np.asarray(rollouts.status_B)
+  out = {f"episode/{name}": float(np.sum(status == EPISODE_STATUS.index(reason)))
+         for name, reason in (("env_errors", "env_error"), ("env_timeouts", "env_timeout"),
+                              ("nonfinite_rewards", "nonfinite_reward"),
+                              ("obs_overflow", "obs_overflow"))}
+  out["episode/obs_clipped"] = float(np.sum(rollouts.obs_clipped_B))
+  return out
 
 
 def next_controls(rl: RLStage, controls: Controls, collected: Collected,

@@ -1,6 +1,16 @@
-"""What a run builds once from its config: the codec, the task environment and
-its pools, the model config, the mesh and the compiled rollout engines; and
-the held-out evaluation that every stage ends with."""
+"""What a run builds once from its config: the codec, the task source, the
+model config, the mesh and the compiled rollout engines; and the held-out
+evaluation that every stage ends with.
+
+Two task sources (``config.tasks.source``): ``"jax"``, the built-in task
+families stepped inside the jitted rollout engine, and ``"host"``, Python
+environments stepped between jitted segments by the host loop
+(:mod:`agentic_rl.envs.host`, :class:`agentic_rl.rollout.HostLoop`). Both
+give the same :class:`Rollout`, with ``reward_components["outcome"]`` the
+success the signal controller and the evaluation count; for host
+environments it is 1 when the episode's reward exceeds
+``config.tasks.success_threshold``.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +22,15 @@ import numpy as np
 
 from agentic_rl import envs as envs_lib
 from agentic_rl import model as model_lib
+from agentic_rl.envs import host as host_lib
+from agentic_rl.envs import scripted
+from agentic_rl.envs.host import HostTasks
 from agentic_rl.envs.tasks import Tasks
 from agentic_rl.invariants import exploration
 from agentic_rl.rollout.engine import RolloutEngine
+from agentic_rl.rollout.host import HostLoop
 from agentic_rl.rollout.sampling import SamplingConfig
-from agentic_rl.rollout.types import Rollout
+from agentic_rl.rollout.types import EPISODE_STATUS, Rollout
 from agentic_rl.text import codec as codec_lib
 from agentic_rl.text import load_tokenizer
 from agentic_rl.train import config as config_lib
@@ -29,11 +43,15 @@ class Run:
 
   cfg: Any
   codec: codec_lib.Codec
-  env: Any
-  tasks: Tasks
+  env: Any  # the jitted environment (mixture), or None for host environments
+  tasks: Tasks | HostTasks
   model_config: model_lib.TransformerConfig
   mesh: Any
   engines: dict = dataclasses.field(default_factory=dict)
+
+  @property
+  def host(self) -> bool:
+    return isinstance(self.tasks, HostTasks)
 
   def engine(self, sampling: SamplingConfig, rows: int) -> RolloutEngine:
     """One compiled engine per (sampling settings, batch rows), shared by
@@ -54,27 +72,94 @@ class Run:
               version: int, rows: int, temperature: float | None = None) -> Rollout:
     """Episodes for prompts ``ids`` (repeats allowed), in fixed-size calls;
     ``temperature`` overrides ``sampling.temperature`` without recompiling."""
-    engine = self.engine(sampling, rows)
     parts = []
     for start in range(0, len(ids), rows):
       chunk = ids[start:start + rows]
-      inst = self.tasks.instances(split, np.resize(chunk, rows))
-      prompts, lens = self.tasks.prompts(inst)
-      ro = engine.rollout(params, prompts, lens, inst, jax.random.fold_in(key, start), version,
-                          temperature=temperature)
+      ro = self._rollout_rows(params, sampling, split, np.resize(chunk, rows),
+                              jax.random.fold_in(key, start), version, temperature)
       parts.append(jax.tree.map(lambda x: np.asarray(x)[:len(chunk)], ro))
     return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
+
+  def _rollout_rows(self, params, sampling, split, ids, key, version, temperature,
+                    actor=None) -> Rollout:
+    if not self.host:
+      inst = self.tasks.instances(split, ids)
+      prompts, lens = self.tasks.prompts(inst)
+      return self.engine(sampling, len(ids)).rollout(params, prompts, lens, inst, key, version,
+                                                     temperature=temperature)
+    if temperature is not None:
+      raise ValueError("host environments sample at the sampling config's temperature")
+    loop, envs = self.host_loop(sampling, len(ids))
+    ro = loop.run(params, envs, self.tasks.seeds(split, ids), key, version, actor=actor)
+    for b in np.flatnonzero(np.asarray(ro.status_B) == EPISODE_STATUS.index("env_timeout")):
+      envs[b] = self.tasks.make()  # its call may still be running: never reuse it
+    outcome = np.asarray(ro.reward_B) > self.cfg.tasks.success_threshold
+    return ro.replace(reward_components={"outcome": outcome.astype(np.float32)})
+
+  def host_loop(self, sampling: SamplingConfig, rows: int) -> tuple[HostLoop, list]:
+    """One compiled host loop and its ``rows`` environments per (sampling
+    settings, batch rows)."""
+    key = ("host", sampling, rows)
+    if key not in self.engines:
+      t = self.cfg.tasks
+      loop = HostLoop(self.model_config, sampling, self.codec, batch_size=rows,
+                      max_obs_tokens=t.max_obs_tokens, obs_overflow=t.obs_overflow,
+                      env_workers=t.env_workers, env_timeout_s=t.env_timeout_s or None)
+      self.engines[key] = (loop, [self.tasks.make() for _ in range(rows)])
+    return self.engines[key]
+
+  def demonstrations(self, params, stage, key) -> dict[str, np.ndarray]:
+    """The SFT stage's batch: ``tokens_BxT`` and ``loss_mask_BxT``, ``[N, T]``.
+
+    Built-in families: the scripted policies' streams
+    (:func:`agentic_rl.envs.demonstration_batch`). Host environments: each
+    one's ``demonstration(seed)`` actions, played through the host loop (so
+    a demonstration is exactly the stream a rollout would record) on the
+    demonstration seeds; episodes that do not end done are left out.
+    """
+    T = self.cfg.sampling.max_total_tokens
+    if not self.host:
+      return scripted.demonstration_batch(self.tasks, stage.num_demos, key,
+                                          noise=stage.demo_noise, max_len=T)
+    rows = min(stage.num_demos, self.cfg.eval.batch_rows)
+    sampling = config_lib.sampling_config(self.cfg, greedy=True)
+    demo_env = self.tasks.make()
+    tokens, masks = [], []
+    for start in range(0, stage.num_demos, rows):
+      seeds = self.tasks.seeds("demo", np.arange(start, start + rows))
+      scripts = [list(demo_env.demonstration(int(s))) for s in seeds]
+
+      def actor(b, obs, scripts=scripts, seeds=seeds):
+        if not scripts[b]:
+          raise ValueError(f"host_env={self.cfg.tasks.host_env!r}: demonstration("
+                           f"{int(seeds[b])}) ran out of actions before the episode ended")
+        return scripts[b].pop(0)
+
+      ro = self._rollout_rows(params, sampling, "demo", np.arange(start, start + rows),
+                              jax.random.fold_in(key, start), 0, None, actor=actor)
+      keep = np.asarray(ro.done_B) & (np.asarray(ro.status_B) == 0)
+      tokens.append(np.asarray(ro.tokens_BxT)[keep])
+      masks.append(np.asarray(ro.loss_mask_BxT)[keep])
+    if not sum(len(t) for t in tokens):
+      raise ValueError(f"no demonstration of host_env={self.cfg.tasks.host_env!r} ended done "
+                       f"within max_total_tokens={T} and max_turns={self.cfg.sampling.max_turns}")
+    return {"tokens_BxT": np.concatenate(tokens)[:stage.num_demos],
+            "loss_mask_BxT": np.concatenate(masks)[:stage.num_demos]}
 
 
 def build(cfg) -> Run:
   config_lib.validate(cfg)
   codec = codec_lib.Codec(load_tokenizer())
+  model_config = config_lib.model_config(cfg, codec.tokenizer.vocab_size)
+  mesh = sharding.make_mesh(sharding.MeshConfig(**cfg.mesh))
+  if cfg.tasks.source == "host":
+    tasks = HostTasks(host_lib.load_factory(cfg.tasks.host_env),
+                      host_lib.host_kwargs(cfg.tasks.host_kwargs))
+    return Run(cfg, codec, None, tasks, model_config, mesh)
   env = envs_lib.make_env(
       "mixture", codec, members=tuple(cfg.tasks.families),
       weights=tuple(cfg.tasks.weights),
       rewards=envs_lib.RewardConfig(**cfg.tasks.rewards))
-  model_config = config_lib.model_config(cfg, codec.tokenizer.vocab_size)
-  mesh = sharding.make_mesh(sharding.MeshConfig(**cfg.mesh))
   tasks = Tasks(env, seed=cfg.seed, difficulty=cfg.tasks.difficulty,
                 prompt_len=cfg.sampling.max_total_tokens // 2)
   return Run(cfg, codec, env, tasks, model_config, mesh)

@@ -126,6 +126,18 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       dtype="float32", param_dtype="float32", attn_impl="xla",
       logprob_impl="xla", remat=False))
   c.tasks = ml_collections.ConfigDict(dict(
+      # "jax": the built-in families below, stepped inside the jitted
+      # rollout; "host": a Python environment (host_env: "MODULE:FACTORY",
+      # "gem:<id>" or "guess_number"; host_kwargs: its keyword arguments, a
+      # JSON object on the command line).
+      source="jax",
+      host_env="",
+      host_kwargs="",
+      env_workers=8,
+      env_timeout_s=60.0,
+      max_obs_tokens=64,
+      obs_overflow="end",
+      success_threshold=0.5,
       families=("calc_chain", "multihop"),
       weights=(0.5, 0.5),
       # Difficulty levels of the task pool: prompt i has difficulty[i % len].
