@@ -107,8 +107,14 @@ class HostLoop:
                             compiler_options=options)
 
   def run(self, params, envs: Sequence[TextEnv], seeds: Sequence[int], key,
-          version, *, actor: Actor | None = None) -> Rollout:
+          version, *, actor: Actor | None = None,
+          weights: Callable[[], tuple] | None = None) -> Rollout:
     """Plays one episode per environment; returns the batch as a Rollout.
+
+    ``weights() -> (params, version)``, when given, is asked before every
+    jitted segment: when the version changed, the KV cache is rebuilt from
+    the tokens so far under the new parameters and the episodes continue
+    under them (partial rollouts; each token records its version).
 
     ``reward_B`` sums the environment's step rewards; ``reward_components``
     is empty (the text protocol has none) and ``call_hashes_BxC`` holds a
@@ -157,6 +163,11 @@ class HostLoop:
     cache = self._prefill(params, state.tokens_BxT)
     version = check_version(version)
     while True:
+      if weights is not None:
+        new_params, new_version = weights()
+        if int(new_version) != int(version):
+          params, version = new_params, check_version(new_version)
+          cache = self._prefill(params, state.tokens_BxT)
       state, cache = self._segment(params, state, cache, version)
       host = jax.tree.map(np.array, state)
       rows = np.flatnonzero(host.awaiting_B)

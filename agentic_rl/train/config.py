@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+import jax
+
 from agentic_rl import model as model_lib
 from agentic_rl import objectives
 from agentic_rl.envs import host as host_lib
@@ -24,6 +26,7 @@ from agentic_rl.train import sharding
 
 STAGE_KINDS = ("sft", "rl")
 TASK_SOURCES = ("jax", "host")
+ACTORS = ("sync", "async")  # agentic_rl.train.actor
 OPTIMIZERS = ("adamw", "mirror_descent")
 # Mirror descent's KL-to-previous-policy term lives in the loss.
 MIRROR_DESCENT_LOSSES = ("kimi",)
@@ -162,11 +165,20 @@ def _validate_rl_stage(name: str, stage, model_cfg, levels) -> None:
          f"{', '.join(objectives.GLOBAL_STATS_ESTIMATORS)}, not {stage.advantage!r}; set "
          f"--config.{name}.signal.ada_global_stats=False to use its down-sampling only")
   shift_cfg = shift_config(stage)
-  if shift_cfg.partial_rollout != "keep" or shift_cfg.fifo_window_ratio is not None:
-    _err(f"config.{name}.shift.partial_rollout={shift_cfg.partial_rollout!r} and "
-         f"fifo_window_ratio={shift_cfg.fifo_window_ratio!r} act on partial rollouts and "
-         "windowed-FIFO collection, which only an asynchronous actor makes; this trainer's "
-         "actor is synchronous, so keep partial_rollout='keep' and fifo_window_ratio=None")
+  actor = stage.get("actor", "sync")
+  if actor not in ACTORS:
+    _err(f"config.{name}.actor is {actor!r}; valid: {', '.join(ACTORS)}")
+  if actor == "sync" and shift_cfg.partial_rollout != "keep":
+    _err(f"config.{name}.shift.partial_rollout={shift_cfg.partial_rollout!r} acts on partial "
+         "rollouts, which only the asynchronous actor makes; set "
+         f"--config.{name}.actor=async or keep partial_rollout='keep'")
+  if shift_cfg.fifo_window_ratio is not None:
+    _err(f"config.{name}.shift.fifo_window_ratio={shift_cfg.fifo_window_ratio!r}: windowed-FIFO "
+         "collection needs an actor that collects groups as they finish, which this trainer "
+         "does not have yet (its actors collect whole batches); keep fifo_window_ratio=None")
+  if actor == "async" and jax.process_count() > 1:
+    _err(f"config.{name}.actor='async' runs the actor in a thread of one process; with "
+         f"{jax.process_count()} processes use --config.{name}.actor=sync")
   for start, lo, hi in signal_cfg.curriculum:
     if not any(lo <= d <= hi for d in levels):
       _err(f"config.{name}.signal.curriculum stage at step {start} admits difficulties "

@@ -11,7 +11,6 @@ rl_iteration`; every one reports the three invariants (``explore/*``,
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import sys
 import time
@@ -27,6 +26,7 @@ from agentic_rl import objectives
 from agentic_rl.invariants import signal
 from agentic_rl.train import checkpoint as checkpoint_lib
 from agentic_rl.train import config as config_lib
+from agentic_rl.train import actor as actor_lib
 from agentic_rl.train import interrupt, learner, resume, rl, sharding
 from agentic_rl.train import metrics as metrics_lib
 from agentic_rl.train.run import build, evaluate
@@ -188,11 +188,11 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
       mid_stage = restored is not None and progress.stage_step > 0
       state = learner.init_train_state(params, optimizer, reference,
                                        restored if mid_stage else None)
-      actors = collections.deque(zip(restored["actors"], restored["actor_versions"])
-                                 if mid_stage else ())
+      snapshots = (list(zip(restored["actors"], restored["actor_versions"]))
+                   if mid_stage else [])
       restored = None
       stage_key = jax.random.fold_in(root_key, 1 + progress.stage_index)
-      save = lambda: d.save(state, actors, controls, root_key)  # noqa: E731
+      save = lambda: d.save(state, snapshots, controls, root_key)  # noqa: E731
       stop = None
 
       if stage.kind == "sft":
@@ -222,24 +222,29 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
                                   run.tasks.difficulty_of(np.arange(cfg.tasks.train_size)),
                                   progress.data_pos)
         bands = stage_rl.signal_cfg.bands + stage_rl.shift_cfg.bands + stage_rl.explore_cfg.bands
-        while progress.stage_step < n_steps and not stop:
-          t0 = time.perf_counter()
-          it_key = jax.random.fold_in(stage_key, progress.stage_step)
-          # The actor runs the oldest parameters at most max_staleness learner
-          # updates behind (snapshots are taken per batch, so with several
-          # updates per batch the lag is a multiple of them).
-          actors.append((jax.tree.map(jnp.copy, state.params), int(state.step)))
-          while int(state.step) - actors[0][1] > stage.max_staleness:
-            actors.popleft()
-          state, controls, record = rl.rl_iteration(run, stage_rl, state, actors[0], prompts,
-                                                    controls, it_key, progress.stage_step)
-          progress.data_pos = prompts.position
-          last = progress.stage_step == n_steps - 1
-          if (progress.stage_step + 1) % cfg.eval.every == 0 or last:
-            record.update(evaluate(run, state.params, it_key))
-          if last:
-            d.summary[f"{name}_success"] = d.summary["rl_success"] = record["eval/success"]
-          stop = d.finish_step(name, bands, record, t0, run.model_config.vocab_size, save)
+        actor = actor_lib.make_actor(stage.actor, run, stage_rl, prompts, stage_key, state,
+                                     progress.stage_step, controls, stage.max_staleness,
+                                     end_step=n_steps, snapshots=snapshots)
+        save = lambda: d.save(state, actor.checkpoint(), controls, root_key)  # noqa: E731
+        try:
+          while progress.stage_step < n_steps and not stop:
+            t0 = time.perf_counter()
+            collected = actor.next(state, controls, progress.stage_step)
+            state, controls, record = rl.rl_iteration(run, stage_rl, state, collected, controls)
+            actor.updated(state)
+            record.update(actor.stats())
+            progress.data_pos = collected.data_pos
+            last = progress.stage_step == n_steps - 1
+            if (progress.stage_step + 1) % cfg.eval.every == 0 or last:
+              record.update(evaluate(run, state.params,
+                                     jax.random.fold_in(stage_key, progress.stage_step)))
+            if last:
+              d.summary[f"{name}_success"] = d.summary["rl_success"] = record["eval/success"]
+            stop = d.finish_step(name, bands, record, t0, run.model_config.vocab_size, save)
+        finally:
+          if discarded := actor.close():
+            d.summary[f"{name}_discarded_batches"] = (
+                d.summary.get(f"{name}_discarded_batches", 0) + discarded)
       if progress.stage_step < n_steps:  # stopped inside the stage (saved)
         return d.close(stop)
       params = state.params

@@ -179,6 +179,8 @@ class Collected:
     greedy: ReMax's greedy decode of each group's prompt (leading axis P),
       or None.
     seconds: wall time of the rollouts.
+    tau: the sampling temperature.
+    data_pos: the prompt source's position after this batch's prompts.
   """
 
   batch: Rollout
@@ -186,21 +188,32 @@ class Collected:
   sampled: signal.SampledBatch
   greedy: Rollout | None
   seconds: float
+  tau: float = 1.0
+  data_pos: int = 0
 
 
-def collect(run: Run, rl: RLStage, actor: tuple[Any, int], prompts: PromptSource,
-            history: signal.PromptHistory, key, step: int, tau: float) -> Collected:
-  """Rollouts of the actor ``(params, version)``: P groups as the signal
-  controller allocates them, sampled at temperature ``tau``."""
-  params, version = actor
+def collect(run: Run, rl: RLStage, actor, prompts: PromptSource,
+            history: signal.PromptHistory, key, step: int) -> Collected:
+  """Rollouts of the actor: P groups as the signal controller allocates
+  them, at the exploration schedule's temperature for iteration ``step``.
+
+  ``actor`` is ``(params, version)``, or a callable returning the latest
+  ``(params, version)`` (an asynchronous actor's weights): then episodes
+  still running when new weights arrive continue under them (partial
+  rollouts; each token records its version).
+  """
+  weights = actor if callable(actor) else lambda: actor
+  params, version = weights()
   t0 = time.perf_counter()
+  tau = float(exploration.temperature_at(rl.explore_cfg, step))
   scheduled = rl.explore_cfg.scheduled_temperature
 
   def sample_fn(ids_N, n, k):
     """``n`` rollouts of each of the prompts ``ids_N``, and their outcomes."""
     ids = np.repeat(np.asarray(ids_N), n)
     ro = run.rollout(params, rl.sampling, "train", ids, k, version, rl.rows,
-                     temperature=tau if scheduled else None)
+                     temperature=tau if scheduled else None,
+                     weights=weights if callable(actor) else None)
     return (ro.reward_components["outcome"] > 0.5).reshape(len(ids_N), n), ro
 
   draw = functools.partial(prompts.draw, history=history, step=step)
@@ -213,7 +226,7 @@ def collect(run: Run, rl: RLStage, actor: tuple[Any, int], prompts: PromptSource
     greedy = run.rollout(params, rl.greedy_sampling, "train", sampled.prompt_ids,
                          jax.random.fold_in(key, 1), version, rl.rows)
   return Collected(sampled.rollouts, GroupLayout.of(sampled.group, sampled.num_groups),
-                   sampled, greedy, time.perf_counter() - t0)
+                   sampled, greedy, time.perf_counter() - t0, tau, prompts.position)
 
 
 # ------------------------------------------------------------------ 2. shape rewards
@@ -423,13 +436,12 @@ def next_controls(rl: RLStage, controls: Controls, collected: Collected,
 
 
 # ------------------------------------------------------------------ the iteration
-def rl_iteration(run: Run, rl: RLStage, state: learner.TrainState, actor: tuple[Any, int],
-                 prompts: PromptSource, controls: Controls, key, step: int,
-                 ) -> tuple[learner.TrainState, Controls, dict[str, float]]:
-  """RL iteration ``step`` of the stage, by the actor ``(params, version)``;
-  returns ``(state, controls, metrics)``."""
-  tau = float(exploration.temperature_at(rl.explore_cfg, step))
-  collected = collect(run, rl, actor, prompts, controls.history, key, step, tau)
+def rl_iteration(run: Run, rl: RLStage, state: learner.TrainState, collected: Collected,
+                 controls: Controls) -> tuple[learner.TrainState, Controls, dict[str, float]]:
+  """One RL iteration on the actor's ``collected`` rollouts (:func:`collect`,
+  called by the actor: :mod:`agentic_rl.train.actor`); returns ``(state,
+  controls, metrics)``."""
+  tau = collected.tau
   shaped = shape_rewards(rl, collected)
   advantages = compute_advantages(rl, collected, shaped)
   version = int(state.step)

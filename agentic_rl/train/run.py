@@ -69,28 +69,43 @@ class Run:
     return self.engines[key]
 
   def rollout(self, params, sampling: SamplingConfig, split: str, ids: np.ndarray, key,
-              version: int, rows: int, temperature: float | None = None) -> Rollout:
+              version: int, rows: int, temperature: float | None = None,
+              weights=None) -> Rollout:
     """Episodes for prompts ``ids`` (repeats allowed), in fixed-size calls;
-    ``temperature`` overrides ``sampling.temperature`` without recompiling."""
+    ``temperature`` overrides ``sampling.temperature`` without recompiling.
+
+    ``weights() -> (params, version)`` (an asynchronous actor's latest
+    weights), when given, is asked again every turn's worth of tokens, and
+    running episodes continue under newer weights (partial rollouts)."""
     parts = []
     for start in range(0, len(ids), rows):
       chunk = ids[start:start + rows]
       ro = self._rollout_rows(params, sampling, split, np.resize(chunk, rows),
-                              jax.random.fold_in(key, start), version, temperature)
+                              jax.random.fold_in(key, start), version, temperature,
+                              weights=weights)
       parts.append(jax.tree.map(lambda x: np.asarray(x)[:len(chunk)], ro))
     return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
 
   def _rollout_rows(self, params, sampling, split, ids, key, version, temperature,
-                    actor=None) -> Rollout:
+                    actor=None, weights=None) -> Rollout:
     if not self.host:
       inst = self.tasks.instances(split, ids)
       prompts, lens = self.tasks.prompts(inst)
-      return self.engine(sampling, len(ids)).rollout(params, prompts, lens, inst, key, version,
-                                                     temperature=temperature)
+      engine = self.engine(sampling, len(ids))
+      if weights is None:
+        return engine.rollout(params, prompts, lens, inst, key, version,
+                              temperature=temperature)
+      state = engine.init_state(prompts, lens, inst, key)
+      while not bool(np.all(np.asarray(state.ended_B))):
+        params, version = weights()
+        state = engine.resume(params, state, version, temperature=temperature,
+                              max_steps=sampling.max_new_tokens_per_turn)
+      return state.to_rollout()
     if temperature is not None:
       raise ValueError("host environments sample at the sampling config's temperature")
     loop, envs = self.host_loop(sampling, len(ids))
-    ro = loop.run(params, envs, self.tasks.seeds(split, ids), key, version, actor=actor)
+    ro = loop.run(params, envs, self.tasks.seeds(split, ids), key, version, actor=actor,
+                  weights=weights)
     for b in np.flatnonzero(np.asarray(ro.status_B) == EPISODE_STATUS.index("env_timeout")):
       envs[b] = self.tasks.make()  # its call may still be running: never reuse it
     outcome = np.asarray(ro.reward_B) > self.cfg.tasks.success_threshold

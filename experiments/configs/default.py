@@ -90,7 +90,12 @@ def _rl_stage() -> ml_collections.ConfigDict:
       # adamw, or mirror_descent (Kimi k1.5: the optimiser state restarts each
       # iteration; with loss='kimi', whose tau weighs the KL to its start).
       optimizer="adamw",
-      max_staleness=0,  # 0 = synchronous on-policy
+      # The actor: "sync" collects in the learner's thread; "async" in its
+      # own, while the learner updates. max_staleness bounds the lag of every
+      # token behind the learner, in updates (0: on-policy; the async actor
+      # then waits for every update).
+      actor="sync",
+      max_staleness=0,
       # Invariant controllers (agentic_rl.invariants): signal.allocation is
       # uniform, dynamic (DAPO), ada (Reinforce-Ada) or knapsack; see
       # SignalConfig and ShiftConfig for every field. Dynamic sampling is the
