@@ -1,6 +1,6 @@
 """Fused token log-probs and entropies for TPU: Pallas Mosaic kernels.
 
-Same math as :mod:`logprobs` (the tile statistics and the logit gradient of
+Same math as :mod:`agentic_rl.kernels.logprobs` (the tile statistics and the logit gradient of
 :mod:`logprob_math`), with the TPU's grid-and-scratch shape instead of
 Triton's in-kernel loops, and no ``[N, V]`` or ``[N, chunk]`` array in HBM:
 
