@@ -16,6 +16,9 @@ Laid out by backend:
 * ``tpu/``: Pallas Mosaic TPU kernels (run only in the TPU interpreter).
 * ``attention_rules.py``, ``logprob_math.py``, ``_common.py``: masking
   rules, tile math and plumbing shared by the kernel families.
+* ``backends.py``: the dispatcher from config names (``attn_impl``,
+  ``logprob_impl``, ``"auto"``) to backends, per platform
+  (:func:`resolve`).
 
 Every op takes ``impl``: ``"pallas"``, ``"xla"``, plus ``"cudnn"`` for
 :func:`flash_attention` and ``"xla_chunked"`` for :func:`token_logprobs`.
@@ -29,6 +32,12 @@ CPU. The kernels' dots follow ``jax_default_matmul_precision`` as XLA's do
 
 from agentic_rl.kernels._common import BACKENDS as PALLAS_BACKENDS
 from agentic_rl.kernels._common import pallas_backend
+from agentic_rl.kernels.backends import ATTN_IMPLS
+from agentic_rl.kernels.backends import LOGPROB_IMPLS
+from agentic_rl.kernels.backends import UnverifiedBackendWarning
+from agentic_rl.kernels.backends import attention_kwargs
+from agentic_rl.kernels.backends import logprob_kwargs
+from agentic_rl.kernels.backends import resolve
 from agentic_rl.kernels.decode import DecodeBlockSizes
 from agentic_rl.kernels.decode import TpuDecodeBlockSizes
 from agentic_rl.kernels.decode import decode_attention
@@ -41,16 +50,22 @@ from agentic_rl.kernels.logprobs import token_logprobs
 from agentic_rl.kernels.reference import NO_WINDOW
 
 __all__ = [
+    "ATTN_IMPLS",
     "AttentionBlockSizes",
     "DecodeBlockSizes",
+    "LOGPROB_IMPLS",
     "LogprobBlockSizes",
     "NO_WINDOW",
     "PALLAS_BACKENDS",
     "TpuAttentionBlockSizes",
     "TpuDecodeBlockSizes",
     "TpuLogprobBlockSizes",
+    "UnverifiedBackendWarning",
+    "attention_kwargs",
     "decode_attention",
     "flash_attention",
+    "logprob_kwargs",
     "pallas_backend",
+    "resolve",
     "token_logprobs",
 ]

@@ -80,8 +80,8 @@ def _xla_stats(cfg: Config, h, w, targets) -> tiles.Stats:
   def body(stats, c):
     start, nominal = triton_logprobs.chunk_start(cfg, c)
     x, cols = _xla_chunk_logits(cfg, h, w, start)
-    tile = tiles.tile_stats(cfg, x, cols, triton_logprobs.column_mask(cfg, cols, nominal),
-                            targets)
+    valid = triton_logprobs.column_mask(cfg, cols, nominal)
+    tile = tiles.tile_stats(cfg, x, cols, valid, targets)
     return tiles.merge(stats, tile), None
   stats, _ = lax.scan(body, tiles.empty_stats((h.shape[0],)),
                       jnp.arange(cfg.num_chunks, dtype=jnp.int32))
@@ -91,8 +91,8 @@ def _xla_stats(cfg: Config, h, w, targets) -> tiles.Stats:
 def _xla_grad_chunk(cfg: Config, h, w, targets, lse, ez, d_logp, d_ent,
                     start, nominal):
   x, cols = _xla_chunk_logits(cfg, h, w, start)
-  g = tiles.logit_grad(cfg, x, cols, triton_logprobs.column_mask(cfg, cols, nominal),
-                       targets, lse, ez, d_logp, d_ent)
+  valid = triton_logprobs.column_mask(cfg, cols, nominal)
+  g = tiles.logit_grad(cfg, x, cols, valid, targets, lse, ez, d_logp, d_ent)
   return g.astype(w.dtype)
 
 
@@ -114,8 +114,8 @@ def _fused_fwd(cfg: Config, h, w, targets):
 def _fused_bwd(cfg: Config, res, cotangents):
   h, w, targets, lse, ez = res
   d_logp, d_ent = (c.astype(jnp.float32) for c in cotangents)
-  grad_fn = (triton_logprobs.grad_chunk if cfg.impl == "pallas" and cfg.pallas_bwd
-             else _xla_grad_chunk)
+  grad_fn = (triton_logprobs.grad_chunk
+             if cfg.impl == "pallas" and cfg.pallas_bwd else _xla_grad_chunk)
 
   def body(carry, c):
     dh, dw = carry
@@ -221,10 +221,11 @@ def token_logprobs(
         cfg, pad(hidden_NxD, 0, cfg.Np), unembed_DxV,
         pad(targets_N, 0, cfg.Np))
     return logp[:N], ent[:N]
-  cfg = triton_logprobs.make_config(impl, N, D, V, temperature=temperature, softcap=softcap,
-                     blocks=_common.block_sizes_for(op, family, block_sizes,
-                                                    LogprobBlockSizes),
-                     interpret=interpret)
+  cfg = triton_logprobs.make_config(
+      impl, N, D, V, temperature=temperature, softcap=softcap,
+      blocks=_common.block_sizes_for(op, family, block_sizes,
+                                     LogprobBlockSizes),
+      interpret=interpret)
   h = pad(pad(hidden_NxD, 0, cfg.Np), 1, cfg.Dp)
   w = pad(pad(unembed_DxV, 0, cfg.Dp), 1, cfg.Vp)
   targets = pad(targets_N.astype(jnp.int32), 0, cfg.Np)

@@ -24,8 +24,8 @@ rules:
 * the sliding window is a scalar-prefetch operand (SMEM), so index maps can
   skip blocks outside it.
 
-:mod:`agentic_rl.kernels.flash` wraps :func:`forward` and :func:`backward` in its
-``custom_vjp``. dK/dV runs on grid ``(B, K, key blocks, H // K, query
+:mod:`agentic_rl.kernels.flash` wraps :func:`forward` and :func:`backward`
+in its ``custom_vjp``. dK/dV runs on grid ``(B, K, key blocks, H // K, query
 blocks)``: the query heads that share a key/value head and the query blocks
 are both reduction dimensions, so GQA accumulates into one dK/dV tile.
 

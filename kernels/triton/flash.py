@@ -72,33 +72,31 @@ class AttentionBlockSizes:
   experiments.bench_kernels --tune`` and ``--ab``) at T = 4096, head_dim
   128, bf16; the measurements are in BENCHMARKS.md.
 
-  ``fwd`` and ``bwd``: the forward's and the backward's kernels,
-  ``"triton"`` (every case) or ``"mosaic_gpu"``
-  (:mod:`agentic_rl.kernels.hopper.flash`: Hopper warpgroup matmuls and a warp-specialised TMA pipeline; 16-bit inputs,
-  self-attention, lengths that are multiples of its tiles, head_dim a
-  multiple of 64 up to 256, no segment ids or soft-cap, static windows;
-  other cases raise). Either side runs with either other side (they share
-  the residuals). ``*_mgpu`` (backward) and ``*_fwd_mgpu`` (forward): their
-  query and key tiles (multiples of 64), pipeline depth and compute
-  warpgroups per program (each owns one query or key tile; they share the
-  streamed tiles). ``longest_first_mgpu``: the forward and dQ kernels
-  start with the last query tiles, which see the most keys under a causal
-  mask (an ordering to time; off by default). ``pingpong_fwd_mgpu``: the
-  forward's two compute warpgroups take turns at the tensor cores, one's
-  softmax running while the other's matmuls do (FlashAttention-3's
-  schedule; to time, off by default). ``register_operands_mgpu``: the
-  kernels keep ``P`` and ``dS`` in registers as the left operand of their
-  matmuls, and the forward accumulates ``P V`` in place (as
-  FlashAttention-3 and jax's Mosaic GPU attention do); False stages them
-  through shared memory, as the interpreter always does (it models wgmma
+  ``fwd`` and ``bwd``: the forward's and the backward's kernels, ``"triton"``
+  (every case) or ``"mosaic_gpu"`` (:mod:`agentic_rl.kernels.hopper.flash`:
+  Hopper warpgroup matmuls and a warp-specialised TMA pipeline; 16-bit inputs,
+  self-attention, lengths that are multiples of its tiles, head_dim a multiple
+  of 64 up to 256, no segment ids or soft-cap, static windows; other cases
+  raise). Either side runs with either other side (they share the residuals).
+  ``*_mgpu`` (backward) and ``*_fwd_mgpu`` (forward): their query and key tiles
+  (multiples of 64), pipeline depth and compute warpgroups per program (each
+  owns one query or key tile; they share the streamed tiles).
+  ``longest_first_mgpu``: the forward and dQ kernels start with the last query
+  tiles, which see the most keys under a causal mask (an ordering to time; off
+  by default). ``pingpong_fwd_mgpu``: the forward's two compute warpgroups take
+  turns at the tensor cores, one's softmax running while the other's matmuls do
+  (FlashAttention-3's schedule; to time, off by default).
+  ``register_operands_mgpu``: the kernels keep ``P`` and ``dS`` in registers as
+  the left operand of their matmuls, and the forward accumulates ``P V`` in
+  place (as FlashAttention-3 and jax's Mosaic GPU attention do); False stages
+  them through shared memory, as the interpreter always does (it models wgmma
   on shared-memory operands only). ``fused_dq_mgpu``: the backward is one
-  kernel, FlashAttention-3's: the dK/dV kernel also adds each step's dQ
-  terms into an fp32 buffer by TMA reduce-adds (5 tile matmuls per block
-  pair instead of 7; dQ's summation order then varies from run to run;
-  head_dim a multiple of 64 x ``warpgroups_mgpu``; to time, off by
-  default). The Hopper kernels are tested in Pallas' GPU interpreter and
-  compiled for an H200 on CPU (``experiments/aot_kernels.py``); they have
-  not run on a GPU.
+  kernel, FlashAttention-3's: the dK/dV kernel also adds each step's dQ terms
+  into an fp32 buffer by TMA reduce-adds (5 tile matmuls per block pair instead
+  of 7; dQ's summation order then varies from run to run; head_dim a multiple
+  of 64 x ``warpgroups_mgpu``; to time, off by default). The Hopper kernels are
+  tested in Pallas' GPU interpreter and compiled for an H200 on CPU
+  (``experiments/aot_kernels.py``); they have not run on a GPU.
   """
   block_q: int = 128
   block_k: int = 128
@@ -483,7 +481,7 @@ def forward(cfg: Config, q, k, v, segment_ids, window):
 
 def backward(cfg: Config, q, k, v, d_out, lse, delta_BxHxT, segment_ids,
              window):
-  """``(dq, dk, dv)`` from the forward's ``lse`` and ``delta = rowsum(O dO)``."""
+  """``(dq, dk, dv)`` from the forward's ``lse`` and ``delta``."""
   T, S, D = q.shape[1], k.shape[1], q.shape[3]
   delta = _common.pad_axis(delta_BxHxT, 2, cfg.Tp)
   qp, kp, vp = _pad_qkv(cfg, q, k, v)
