@@ -1,13 +1,17 @@
 """Install agentic_rl.
 
-The Pallas kernels live in the top-level ``kernels/`` folder but install as
+The kernels live in the top-level ``kernels/`` folder (subpackages by
+backend: ``triton/``, ``hopper/``, ``tpu/``) but install as
 ``agentic_rl.kernels``: a top-level module named ``kernels`` belongs to another
-PyPI package (and transformers probes for it).
+PyPI package (and transformers probes for it). Tools that are not library code
+(the kernel benchmark, the ahead-of-time compile check) are in
+``experiments/`` and are not installed.
 """
 import setuptools
 
 _PACKAGES = [p for p in setuptools.find_packages(include=["agentic_rl", "agentic_rl.*"])]
-_PACKAGES += ["agentic_rl.kernels"]
+_PACKAGES += ["agentic_rl.kernels"] + [
+    f"agentic_rl.kernels.{p}" for p in setuptools.find_packages(where="kernels")]
 
 setuptools.setup(
     name="agentic_rl",
@@ -50,7 +54,7 @@ setuptools.setup(
         ],
         "gem": ["gem-llm==0.1.0"],
         # JAX's CUDA 13 plugin and libraries (~4.4 GB): runs on NVIDIA GPUs,
-        # and compiles for one without it (agentic_rl.kernels.aot).
+        # and compiles for one without it (experiments/aot_kernels.py).
         "cuda": ["jax[cuda13]"],
     },
 )

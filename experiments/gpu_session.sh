@@ -13,11 +13,11 @@
 #                compiled Triton kernels against the XLA references, IEEE
 #                fp32 on both sides (the kernels follow
 #                jax_default_matmul_precision; Triton's default is TF32);
-#   2. BENCH_S:  python -m agentic_rl.kernels.bench (every impl side by side);
-#   3. TUNE_S:   python -m agentic_rl.kernels.bench --tune (tile search over
+#   2. BENCH_S:  python -m experiments.bench_kernels (every impl side by side);
+#   3. TUNE_S:   python -m experiments.bench_kernels --tune (tile search over
 #                the attention and log-prob kernels);
 #   4. AB:       (empty by default) space-separated FIELD=V1,V2 specs, each
-#                run as python -m agentic_rl.kernels.bench --ab SPEC over
+#                run as python -m experiments.bench_kernels --ab SPEC over
 #                AB_OPS, under AB_S seconds each (writes ab_FIELD.json);
 #                AB_BASE (a JSON object, e.g. '{"bwd": "mosaic_gpu"}') holds
 #                other tile fields fixed (--ab_base).
@@ -45,9 +45,11 @@ export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 
 # Everything runs inside the copy: from the repository root, `python -m`
 # would import the checkout's agentic_rl (no kernels inside) ahead of it.
+# experiments/ holds the benchmark (experiments/bench_kernels.py).
 OUT=$(realpath "$OUT")
 pkg=$(mktemp -d)
-cp -r agentic_rl tests pytest.ini "$pkg/" && cp -r kernels "$pkg/agentic_rl/kernels"
+cp -r agentic_rl experiments tests pytest.ini "$pkg/" &&
+  cp -r kernels "$pkg/agentic_rl/kernels"
 cd "$pkg" || exit 1
 
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm \
@@ -65,20 +67,20 @@ fi
 
 if [ "$BENCH_S" -gt 0 ]; then
   echo "== 2. benchmark"
-  timeout "$BENCH_S" python3 -m agentic_rl.kernels.bench --ops "$BENCH_OPS" \
+  timeout "$BENCH_S" python3 -m experiments.bench_kernels --ops "$BENCH_OPS" \
     --out "$OUT/bench_h200.json" 2>&1 | tee "$OUT/bench.log" | tail -45
 fi
 
 if [ "$TUNE_S" -gt 30 ]; then
   echo "== 3. tile search"
-  timeout "$TUNE_S" python3 -m agentic_rl.kernels.bench --tune \
+  timeout "$TUNE_S" python3 -m experiments.bench_kernels --tune \
     --ops "$TUNE_OPS" --max_seconds $((TUNE_S - 30)) \
     --out "$OUT/tune_h200.json" 2>&1 | tee "$OUT/tune.log" | tail -12
 fi
 
 for spec in $AB; do
   echo "== 4. A/B $spec"
-  timeout "$AB_S" python3 -m agentic_rl.kernels.bench --ops "$AB_OPS" \
+  timeout "$AB_S" python3 -m experiments.bench_kernels --ops "$AB_OPS" \
     --ab "$spec" ${AB_BASE:+--ab_base "$AB_BASE"} \
     --out "$OUT/ab_${spec%%=*}.json" 2>&1 | tee -a "$OUT/ab.log"
 done

@@ -7,7 +7,8 @@ Triton, TPU: Mosaic, CPU: Triton) unless ``backend=`` names one; a family
 runs interpreted off its own platform, so tests of both run on CPU. The
 platform is the one the program is being lowered for
 (:func:`target_platform`): an abstract mesh's device when one is set, so
-kernels compile for a GPU or TPU that is not attached (:mod:`aot`). In-kernel
+kernels compile for a GPU or TPU that is not attached
+(``experiments/aot_kernels.py``). In-kernel
 dots take their precision from ``jax_default_matmul_precision``
 (:func:`dot_precision`).
 """

@@ -1,9 +1,10 @@
 """Masking and block-skipping rules shared by the attention kernels.
 
 One statement of which (query, key) pairs are visible and which tiles a
-kernel may skip, used by the Triton kernels (:mod:`flash`) and the Mosaic
-TPU kernels (:mod:`flash_tpu`); :func:`reference.attention` is the
-specification they are tested against. ``cfg`` is either kernel family's
+kernel may skip, used by the Triton kernels (:mod:`triton.flash`), the
+Mosaic TPU kernels (:mod:`tpu.flash`) and the Hopper kernels
+(:mod:`hopper.flash`); :func:`reference.attention` is the specification
+they are tested against. ``cfg`` is either kernel family's
 config: it needs ``causal``, ``softcap``, ``scale``, ``has_segments``,
 ``has_window``, ``T``, ``S`` (true lengths) and ``Sp`` (padded key length).
 """

@@ -1,8 +1,9 @@
 """Tile math of the fused log-prob and entropy, shared by every path.
 
-The Triton kernels, the pure-JAX chunked path (:mod:`logprobs`) and the
-Mosaic TPU kernels (:mod:`logprobs_tpu`) all fold logit tiles into the same
-online statistics and differentiate them the same way; the formulas are in
+The Triton kernels (:mod:`triton.logprobs`), the pure-JAX chunked path
+(:mod:`logprobs`) and the Mosaic TPU kernels (:mod:`tpu.logprobs`) all fold
+logit tiles into the same online statistics and differentiate them the same
+way; the formulas are in
 :mod:`logprobs`'s docstring. ``cfg`` needs ``inv_temperature`` and
 ``softcap``.
 """

@@ -22,16 +22,15 @@ et al., 2024, arXiv:2411.09009) extended with the entropy.
 Implementations:
 
 * ``"pallas"`` with the Mosaic family (on TPU, or ``backend="mosaic_tpu"``):
-  :mod:`logprobs_tpu`.
-* ``"pallas"`` with the Triton family: forward is one Triton kernel, grid
-  ``(row blocks, vocab splits)``; each program does the ``h W`` tile matmul
-  (a loop over ``D``) and the online statistics in registers; an XLA
-  epilogue merges the splits.
-  Backward is a ``lax.scan`` over vocab chunks: a Triton kernel recomputes
-  the chunk's logits and writes its logit gradient ``g`` (``[N, chunk]`` in
-  W's dtype), then two XLA matmuls apply it to ``dh`` and ``dW``. With
-  ``LogprobBlockSizes(pallas_bwd=False)`` the chunk's logits are recomputed
-  by an XLA dot instead (cuBLAS on GPU), as in ``"xla_chunked"``.
+  :mod:`agentic_rl.kernels.tpu.logprobs`.
+* ``"pallas"`` with the Triton family (on GPU, or ``backend="triton"``):
+  forward by the Triton kernel of :mod:`agentic_rl.kernels.triton.logprobs`;
+  backward a ``lax.scan`` over vocab chunks here, in which a Triton kernel
+  recomputes the chunk's logits and writes its logit gradient ``g``
+  (``[N, chunk]`` in W's dtype), then two XLA matmuls apply it to ``dh`` and
+  ``dW``. With ``LogprobBlockSizes(pallas_bwd=False)`` the chunk's logits
+  are recomputed by an XLA dot instead (cuBLAS on GPU), as in
+  ``"xla_chunked"``.
 * ``"xla_chunked"``: the same chunked scans in pure JAX (forward and
   backward), with a ``custom_vjp`` that recomputes logits chunk by chunk.
   This is the memory-lean path on CPU, where Pallas runs interpreted.
@@ -46,233 +45,54 @@ multiple of 16 or ``V < 16``).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
 from agentic_rl.kernels import _common
 from agentic_rl.kernels import logprob_math as tiles
-from agentic_rl.kernels import logprobs_tpu
 from agentic_rl.kernels import reference
-from agentic_rl.kernels.logprobs_tpu import TpuLogprobBlockSizes
+from agentic_rl.kernels.tpu import logprobs as tpu_logprobs
+from agentic_rl.kernels.tpu.logprobs import TpuLogprobBlockSizes
+from agentic_rl.kernels.triton import logprobs as triton_logprobs
+from agentic_rl.kernels.triton.logprobs import LogprobBlockSizes
 
-_SQ = _common.SQUEEZED
+__all__ = ["LogprobBlockSizes", "TpuLogprobBlockSizes", "token_logprobs"]
 
 IMPLS = ("xla", "xla_chunked", "pallas")
-
-
-@dataclasses.dataclass(frozen=True)
-class LogprobBlockSizes:
-  """Tiling. ``block_*`` are Pallas tile edges (powers of two >= 16);
-  ``chunk_v`` is the vocabulary chunk of the backward scan, the forward's
-  vocab split, and the ``xla_chunked`` chunk (rounded to ``block_v``).
-  ``pallas_bwd``: the backward recomputes each chunk's logits in the Triton
-  kernel (True) or with an XLA dot (False). The defaults come from
-  ``python -m agentic_rl.kernels.bench --tune`` on an H200 (BENCHMARKS.md).
-  """
-  block_n: int = 128
-  block_v: int = 256
-  block_d: int = 64
-  chunk_v: int = 8192
-  num_warps: int = 8
-  num_stages: int = 3
-  pallas_bwd: bool = True
-
-
-@dataclasses.dataclass(frozen=True)
-class _Config:
-  impl: str
-  inv_temperature: float
-  softcap: float | None
-  V: int  # true vocabulary size
-  Vp: int  # columns of the (rarely) padded unembedding
-  Np: int  # rows padded to a multiple of bn
-  Dp: int
-  bn: int
-  bv: int
-  bd: int
-  chunk: int  # multiple of bv, <= Vp
-  num_warps: int
-  num_stages: int
-  pallas_bwd: bool
-  interpret: bool
-
-  @property
-  def col_align(self) -> int:
-    """A divisor of every tile's first column: tile starts are multiples of
-    ``bv`` or end at ``Vp``. Told to Triton, it keeps the loads of ``W``'s
-    rows vectorised when the start is a traced value."""
-    return math.gcd(self.Vp, self.bv)
-
-  @property
-  def num_chunks(self) -> int:
-    return pl.cdiv(self.Vp, self.chunk)
-
-
-def _make_config(impl, N, D, V, *, temperature, softcap,
-                 blocks: LogprobBlockSizes, interpret) -> _Config:
-  name = "LogprobBlockSizes."
-  if blocks.chunk_v < 1:
-    raise ValueError(f"{name}chunk_v must be >= 1, got {blocks.chunk_v}")
-  bn = _common.block_size(blocks.block_n, N, name + "block_n")
-  bv = _common.block_size(blocks.block_v, V, name + "block_v")
-  bd = _common.block_size(blocks.block_d, D, name + "block_d")
-  common = dict(impl=impl, inv_temperature=1.0 / temperature, softcap=softcap,
-                V=V, num_warps=blocks.num_warps, num_stages=blocks.num_stages,
-                pallas_bwd=blocks.pallas_bwd, interpret=interpret)
-  if impl != "pallas":  # plain XLA: no tiles, only vocabulary chunks
-    return _Config(Vp=V, Np=N, Dp=D, bn=bn, bv=bv, bd=bd,
-                   chunk=min(blocks.chunk_v, V), **common)
-  Vp = max(V, _common.MIN_BLOCK)
-  bv = min(bv, 1 << (Vp.bit_length() - 1))  # a tile fits inside the vocab
-  # The D loop needs bd | D: the largest power of two dividing D, or pad D.
-  bd = min(bd, D & -D) if D & -D >= _common.MIN_BLOCK else _common.MIN_BLOCK
-  chunk = min(_common.round_up(blocks.chunk_v, bv), (Vp // bv) * bv)
-  return _Config(Vp=Vp, Np=_common.round_up(N, bn), Dp=_common.round_up(D, bd),
-                 bn=bn, bv=bv, bd=bd, chunk=chunk, **common)
-
+# The chunk geometry and tiling of the chunked paths (Triton and pure JAX).
+Config = triton_logprobs.Config
 
 # --------------------------------------------------------------------------
-# Vocabulary chunks (Pallas Triton and the pure-JAX chunked path).
+# Pure-JAX chunked versions of the Triton forward and logit-gradient steps
+# (impl="xla_chunked").
 
 
-def _column_mask(cfg: _Config, cols, first_new):
-  """Columns to count: not already counted (< first_new) and not padding."""
-  valid = cols >= first_new
-  if cfg.Vp > cfg.V:
-    valid &= cols < cfg.V
-  return valid
-
-
-def _chunk_start(cfg: _Config, c):
-  """Chunk ``c`` covers columns [start, start+chunk); those < nominal were
-  already counted by chunk c-1 (only the last chunk overlaps)."""
-  nominal = c * cfg.chunk
-  return jnp.minimum(nominal, cfg.Vp - cfg.chunk), nominal
-
-
-# --------------------------------------------------------------------------
-# Pallas kernels.
-
-
-def _tile_logits(cfg: _Config, h_ref, w_ref, col):
-  """``h_tile @ W[:, col:col+bv]`` in fp32, looping over D in bd steps."""
-  def step(kd, acc):
-    d0 = pl.multiple_of(kd * cfg.bd, cfg.bd)
-    h = h_ref[:, pl.ds(d0, cfg.bd)]
-    w = w_ref[pl.ds(d0, cfg.bd), pl.ds(col, cfg.bv)]
-    return acc + _common.dot_nn(h, w)
-  return lax.fori_loop(0, cfg.Dp // cfg.bd, step,
-                       jnp.zeros((cfg.bn, cfg.bv), jnp.float32))
-
-
-def _fwd_kernel(h_ref, w_ref, t_ref, m_ref, l_ref, s1_ref, zt_ref, *,
-                cfg: _Config):
-  bv = cfg.bv
-  split_start = pl.program_id(1) * cfg.chunk
-  targets = t_ref[...]
-  n_tiles = jnp.minimum(cfg.chunk // bv,
-                        lax.div(cfg.Vp - split_start + bv - 1, bv))
-
-  def body(j, stats):
-    start = split_start + j * bv
-    # The last tile ends at Vp.
-    col = pl.multiple_of(jnp.minimum(start, cfg.Vp - bv), cfg.col_align)
-    x = _tile_logits(cfg, h_ref, w_ref, col)
-    cols = col + lax.iota(jnp.int32, bv)
-    return tiles.merge(stats, tiles.tile_stats(
-        cfg, x, cols, _column_mask(cfg, cols, start), targets))
-
-  stats = lax.fori_loop(0, n_tiles, body, tiles.empty_stats((cfg.bn,)))
-  m_ref[...], l_ref[...], s1_ref[...], zt_ref[...] = stats
-
-
-def _pallas_stats(cfg: _Config, h, w, targets) -> tiles.Stats:
-  n_splits = cfg.num_chunks
-  row = pl.BlockSpec((cfg.bn,), lambda i, s: (i,))
-  part = pl.BlockSpec((_SQ, cfg.bn), lambda i, s: (s, i))
-  shape = jax.ShapeDtypeStruct((n_splits, cfg.Np), jnp.float32)
-  parts = pl.pallas_call(
-      functools.partial(_fwd_kernel, cfg=cfg),
-      grid=(cfg.Np // cfg.bn, n_splits),
-      in_specs=[pl.BlockSpec((cfg.bn, cfg.Dp), lambda i, s: (i, 0)),
-                pl.BlockSpec((cfg.Dp, cfg.Vp), lambda i, s: (0, 0)), row],
-      out_specs=[part] * 4,
-      out_shape=[shape] * 4,
-      compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps,
-                                           num_stages=cfg.num_stages),
-      interpret=cfg.interpret,
-      name="token_logprobs_fwd",
-  )(h, w, targets)
-  parts = [tiles.Stats(*(p[s] for p in parts)) for s in range(n_splits)]
-  return functools.reduce(tiles.merge, parts)
-
-
-def _grad_kernel(h_ref, w_ref, t_ref, lse_ref, ez_ref, dlp_ref, dent_ref,
-                 start_ref, g_ref, *, cfg: _Config):
-  """Writes the logit gradient of one [bn, bv] tile of chunk at ``start``."""
-  start, nominal = start_ref[0], start_ref[1]
-  col = pl.multiple_of(start + pl.program_id(1) * cfg.bv, cfg.col_align)
-  x = _tile_logits(cfg, h_ref, w_ref, col)
-  cols = col + lax.iota(jnp.int32, cfg.bv)
-  g = tiles.logit_grad(cfg, x, cols, _column_mask(cfg, cols, nominal),
-                       t_ref[...], lse_ref[...], ez_ref[...], dlp_ref[...],
-                       dent_ref[...])
-  g_ref[...] = g.astype(g_ref.dtype)
-
-
-def _pallas_grad_chunk(cfg: _Config, h, w, targets, lse, ez, d_logp, d_ent,
-                       start, nominal):
-  row = pl.BlockSpec((cfg.bn,), lambda i, j: (i,))
-  return pl.pallas_call(
-      functools.partial(_grad_kernel, cfg=cfg),
-      grid=(cfg.Np // cfg.bn, cfg.chunk // cfg.bv),
-      in_specs=[pl.BlockSpec((cfg.bn, cfg.Dp), lambda i, j: (i, 0)),
-                pl.BlockSpec((cfg.Dp, cfg.Vp), lambda i, j: (0, 0)),
-                row, row, row, row, row,
-                pl.BlockSpec((2,), lambda i, j: (0,))],
-      out_specs=pl.BlockSpec((cfg.bn, cfg.bv), lambda i, j: (i, j)),
-      out_shape=jax.ShapeDtypeStruct((cfg.Np, cfg.chunk), w.dtype),
-      compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps,
-                                           num_stages=cfg.num_stages),
-      interpret=cfg.interpret,
-      name="token_logprobs_grad",
-  )(h, w, targets, lse, ez, d_logp, d_ent, jnp.stack([start, nominal]))
-
-
-# --------------------------------------------------------------------------
-# Pure-JAX chunked versions of the same two steps.
-
-
-def _xla_chunk_logits(cfg: _Config, h, w, start):
+def _xla_chunk_logits(cfg: Config, h, w, start):
   w_c = lax.dynamic_slice_in_dim(w, start, cfg.chunk, axis=1)
   x = jnp.dot(h, w_c, preferred_element_type=jnp.float32)
   return x, start + jnp.arange(cfg.chunk, dtype=jnp.int32)
 
 
-def _xla_stats(cfg: _Config, h, w, targets) -> tiles.Stats:
+def _xla_stats(cfg: Config, h, w, targets) -> tiles.Stats:
   def body(stats, c):
-    start, nominal = _chunk_start(cfg, c)
+    start, nominal = triton_logprobs.chunk_start(cfg, c)
     x, cols = _xla_chunk_logits(cfg, h, w, start)
-    tile = tiles.tile_stats(cfg, x, cols, _column_mask(cfg, cols, nominal),
-                            targets)
+    valid = triton_logprobs.column_mask(cfg, cols, nominal)
+    tile = tiles.tile_stats(cfg, x, cols, valid, targets)
     return tiles.merge(stats, tile), None
   stats, _ = lax.scan(body, tiles.empty_stats((h.shape[0],)),
                       jnp.arange(cfg.num_chunks, dtype=jnp.int32))
   return stats
 
 
-def _xla_grad_chunk(cfg: _Config, h, w, targets, lse, ez, d_logp, d_ent,
+def _xla_grad_chunk(cfg: Config, h, w, targets, lse, ez, d_logp, d_ent,
                     start, nominal):
   x, cols = _xla_chunk_logits(cfg, h, w, start)
-  g = tiles.logit_grad(cfg, x, cols, _column_mask(cfg, cols, nominal),
-                       targets, lse, ez, d_logp, d_ent)
+  valid = triton_logprobs.column_mask(cfg, cols, nominal)
+  g = tiles.logit_grad(cfg, x, cols, valid, targets, lse, ez, d_logp, d_ent)
   return g.astype(w.dtype)
 
 
@@ -281,25 +101,25 @@ def _xla_grad_chunk(cfg: _Config, h, w, targets, lse, ez, d_logp, d_ent,
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _fused(cfg: _Config, h, w, targets):
+def _fused(cfg: Config, h, w, targets):
   return _fused_fwd(cfg, h, w, targets)[0]
 
 
-def _fused_fwd(cfg: _Config, h, w, targets):
-  stats_fn = _pallas_stats if cfg.impl == "pallas" else _xla_stats
+def _fused_fwd(cfg: Config, h, w, targets):
+  stats_fn = triton_logprobs.stats if cfg.impl == "pallas" else _xla_stats
   logp, ent, lse, ez = tiles.finalize(stats_fn(cfg, h, w, targets))
   return (logp, ent), (h, w, targets, lse, ez)
 
 
-def _fused_bwd(cfg: _Config, res, cotangents):
+def _fused_bwd(cfg: Config, res, cotangents):
   h, w, targets, lse, ez = res
   d_logp, d_ent = (c.astype(jnp.float32) for c in cotangents)
-  grad_fn = (_pallas_grad_chunk if cfg.impl == "pallas" and cfg.pallas_bwd
-             else _xla_grad_chunk)
+  grad_fn = (triton_logprobs.grad_chunk
+             if cfg.impl == "pallas" and cfg.pallas_bwd else _xla_grad_chunk)
 
   def body(carry, c):
     dh, dw = carry
-    start, nominal = _chunk_start(cfg, c)
+    start, nominal = triton_logprobs.chunk_start(cfg, c)
     g = grad_fn(cfg, h, w, targets, lse, ez, d_logp, d_ent, start, nominal)
     w_c = lax.dynamic_slice_in_dim(w, start, cfg.chunk, axis=1)
     dh = dh + lax.dot_general(g, w_c, (((1,), (1,)), ((), ())),
@@ -373,7 +193,7 @@ def token_logprobs(
       ``"xla_chunked"``) or :class:`TpuLogprobBlockSizes` (Mosaic); None for
       the defaults.
     backend: for ``impl="pallas"``: ``"triton"``, ``"mosaic_tpu"``
-      (:mod:`logprobs_tpu`) or None for the platform's.
+      (:mod:`tpu.logprobs`) or None for the platform's.
 
   Differentiable w.r.t. ``hidden_NxD`` and ``unembed_DxV`` (both outputs).
   """
@@ -394,17 +214,18 @@ def token_logprobs(
   if family == "mosaic_tpu":
     blocks = _common.block_sizes_for(op, family, block_sizes,
                                      TpuLogprobBlockSizes)
-    cfg = logprobs_tpu.make_config(N, V, temperature=temperature,
+    cfg = tpu_logprobs.make_config(N, V, temperature=temperature,
                                    softcap=softcap, blocks=blocks,
                                    interpret=interpret)
-    logp, ent = logprobs_tpu.token_logprobs(
+    logp, ent = tpu_logprobs.token_logprobs(
         cfg, pad(hidden_NxD, 0, cfg.Np), unembed_DxV,
         pad(targets_N, 0, cfg.Np))
     return logp[:N], ent[:N]
-  cfg = _make_config(impl, N, D, V, temperature=temperature, softcap=softcap,
-                     blocks=_common.block_sizes_for(op, family, block_sizes,
-                                                    LogprobBlockSizes),
-                     interpret=interpret)
+  cfg = triton_logprobs.make_config(
+      impl, N, D, V, temperature=temperature, softcap=softcap,
+      blocks=_common.block_sizes_for(op, family, block_sizes,
+                                     LogprobBlockSizes),
+      interpret=interpret)
   h = pad(pad(hidden_NxD, 0, cfg.Np), 1, cfg.Dp)
   w = pad(pad(unembed_DxV, 0, cfg.Dp), 1, cfg.Vp)
   targets = pad(targets_N.astype(jnp.int32), 0, cfg.Np)

@@ -100,9 +100,8 @@ def attention(
   scale = D ** -0.5 if scale is None else scale
   # Queries head-major, [B, K, G, T, D], and the output of the value product
   # likewise: with the cache head-major too, XLA:CPU's value product for a
-  # decode step (T == 1, G > 1) is a [G, S] x [S, D] product per (b, k),
-  # which reads the cache at several times the rate of the [D, S] x [S, G]
-  # one the sequence-major einsum gave (BENCHMARKS.md, CPU 2026-12-01).
+  # decode step (T == 1, G > 1) is a [G, S] x [S, D] product per (b, k)
+  # rather than a [D, S] x [S, G] one.
   q_BxKxGxTxD = q_BxTxHxD.reshape(B, T, K, G, D).transpose(0, 2, 3, 1, 4)
   s_BxKxGxTxS = jnp.einsum(
       f"bkgtd,{kv}->bkgts", q_BxKxGxTxD, k_BxSxKxD,

@@ -1,4 +1,5 @@
-"""Compiling the kernels for an H200 on a machine without a GPU (:mod:`aot`).
+"""Compiling the kernels for an H200 on a machine without a GPU
+(``experiments/aot_kernels.py``).
 
 The report parsers run everywhere. The compiles need JAX's CUDA plugin and
 skip without it; run them with
@@ -15,7 +16,7 @@ import jax.numpy as jnp
 import pytest
 
 from agentic_rl import kernels
-from agentic_rl.kernels import aot
+from experiments import aot_kernels as aot
 
 
 

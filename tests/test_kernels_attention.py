@@ -13,7 +13,8 @@ import pytest
 
 from agentic_rl import kernels
 from agentic_rl.kernels import flash
-from agentic_rl.kernels import flash_mgpu
+from agentic_rl.kernels.hopper import flash as flash_mgpu
+from agentic_rl.kernels.triton import flash as triton_flash
 from agentic_rl.kernels import reference
 
 # Tiny tiles so that short sequences span several blocks (online softmax,
@@ -201,7 +202,7 @@ needs_gpu_interpreter = pytest.mark.skipif(
 def _triton_forward(q, k, v, window):
   """``(out, lse)`` of the causal Triton forward (interpreted) in a jit of
   its own: the residuals either backward reads."""
-  cfg = flash._make_config(
+  cfg = triton_flash.make_config(
       q.shape, k.shape, causal=True, softcap=None, has_segments=False,
       has_window=window is not None, blocks=kernels.AttentionBlockSizes(),
       interpret=True)

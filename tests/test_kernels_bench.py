@@ -6,7 +6,7 @@ import json
 import jax.numpy as jnp
 import pytest
 
-from agentic_rl.kernels import bench
+from experiments import bench_kernels as bench
 
 
 def test_run_case_times_each_impl_and_records_failures():

@@ -24,7 +24,6 @@ import pytest
 
 from agentic_rl import kernels
 from agentic_rl.kernels import _common
-from agentic_rl.kernels import aot
 
 # Custom calls of a Pallas Triton kernel: Triton IR (jaxlib <= 0.10.2) or
 # PTX compiled during lowering (newer jaxlibs).
@@ -108,6 +107,15 @@ def _triton_calls(fn, *args):
   return _cuda_calls(fn, *args)[0]
 
 
+def _attention_grad(blocks, window=None):
+  """The gradient of ``sum(flash_attention(q, k, v))`` with ``blocks``."""
+  def loss(q, k, v):
+    out = kernels.flash_attention(q, k, v, sliding_window=window,
+                                  block_sizes=blocks)
+    return jnp.sum(out.astype(jnp.float32))
+  return jax.grad(loss, argnums=(0, 1, 2))
+
+
 def _spec(shape, dtype=jnp.bfloat16):
   return jax.ShapeDtypeStruct(shape, dtype)
 
@@ -159,7 +167,7 @@ def test_mgpu_kernels_lower_to_hopper_kernels(compiled_pallas, window, sides,
   kernels (the forward; dQ and dK/dV) beside the other side's Triton ones,
   lowered to Mosaic GPU's MLIR (:mod:`aot` compiles them further)."""
   B, T, H, K, D = 2, 4096, 8, 2, 128
-  grads = aot.attention_grad(kernels.AttentionBlockSizes(**sides), window)
+  grads = _attention_grad(kernels.AttentionBlockSizes(**sides), window)
   assert _cuda_calls(grads, _spec((B, T, H, D)), _spec((B, T, K, D)),
                      _spec((B, T, K, D))) == calls
 
@@ -216,7 +224,7 @@ def test_mgpu_schedule_flags_reach_the_kernels(compiled_pallas, monkeypatch,
   both sides, ping-pong the forward only, fused dQ the backward only. (The
   lowered modules cannot tell: jax 0.11's Mosaic GPU kernel hash differs
   between identical lowerings.)"""
-  from agentic_rl.kernels import flash_mgpu  # pylint: disable=import-outside-toplevel
+  from agentic_rl.kernels.hopper import flash as flash_mgpu  # pylint: disable=import-outside-toplevel
   seen = {}
 
   def record(side, kernel):
@@ -231,7 +239,7 @@ def test_mgpu_schedule_flags_reach_the_kernels(compiled_pallas, monkeypatch,
   def configs(**flags):
     blocks = kernels.AttentionBlockSizes(fwd="mosaic_gpu", bwd="mosaic_gpu",
                                          **flags)
-    jax.eval_shape(aot.attention_grad(blocks), q, kv, kv)
+    jax.eval_shape(_attention_grad(blocks), q, kv, kv)
     return dict(seen)
   plain = configs()
   assert not any(c.longest_first or c.pingpong or c.fused_dq

@@ -15,11 +15,16 @@ Two modes, chosen by whether ``q_positions_BxT`` is given:
   ``[B, S, K, Dh]`` it transposed the cache at every decode step, the largest
   cost of a step (BENCHMARKS.md).
 
-Implementations: ``"xla"`` is :func:`agentic_rl.kernels.reference.attention`;
-``"xla_vjp"`` is the same but for self-attention's backward, written by hand
-(:func:`self_attention_xla`; cache attention is ``"xla"``'s).
-``"pallas"`` uses ``agentic_rl.kernels.flash_attention`` for self-attention
-and ``agentic_rl.kernels.decode_attention`` for single-token cache attention
+Implementations (``impl``, the model config's ``attn_impl``; the table of
+backends, their hardware and ``"auto"`` is :mod:`agentic_rl.kernels.backends`,
+whose :func:`~agentic_rl.kernels.backends.resolve` picks one when the
+attention is traced): ``"xla"`` is
+:func:`agentic_rl.kernels.reference.attention`; ``"xla_vjp"`` is the same but
+for self-attention's backward, written by hand (:func:`self_attention_xla`;
+cache attention is ``"xla"``'s). The kernel backends (``"triton"``,
+``"cudnn"``, ``"mosaic_gpu"``, ``"mosaic_tpu"``, ``"pallas"``) use
+``agentic_rl.kernels.flash_attention`` for self-attention and
+``agentic_rl.kernels.decode_attention`` for single-token cache attention
 (T == 1, reading the head-major cache in place); multi-token cache attention
 (chunked extend) has no kernel and uses the reference.
 """
@@ -31,9 +36,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from agentic_rl import kernels
+from agentic_rl.kernels import backends
 from agentic_rl.kernels import reference
 
-IMPLS = ("xla", "xla_vjp", "pallas")
+IMPLS = backends.ATTN_IMPLS
 
 
 def attention(
@@ -54,7 +61,7 @@ def attention(
     k_BxSxKxD, v_BxSxKxD: keys and values ``[B, S, K, D]`` for
       self-attention (``S == T``); for cache attention the head-major cache
       ``[B, K, S, D]``. ``H % K == 0``.
-    impl: "xla", "xla_vjp" or "pallas".
+    impl: one of :data:`IMPLS` (``"auto"``: the platform's choice).
     segment_ids_BxT: int segment ids (self-attention only).
     q_positions_BxT: int absolute positions of the queries (cache mode).
     sliding_window: int window (may be a traced scalar), or None for global.
@@ -64,8 +71,7 @@ def attention(
     ``[B, T, H, D]`` in q's dtype; the softmax is fp32 with scale
     ``D ** -0.5``.
   """
-  if impl not in IMPLS:
-    raise ValueError(f"attention impl must be one of {IMPLS}, got {impl!r}")
+  impl = backends.resolve(backends.ATTENTION, impl)
   cache_mode = q_positions_BxT is not None
   if cache_mode and segment_ids_BxT is not None:
     raise ValueError("segment ids are only supported for self-attention, "
@@ -75,18 +81,18 @@ def attention(
         f"self-attention needs as many keys as queries, got "
         f"{k_BxSxKxD.shape[1]} keys for {q_BxTxHxD.shape[1]} queries")
 
-  if impl == "pallas":
-    from agentic_rl import kernels  # Lazy: the kernels import Pallas.
+  if impl not in ("xla", "xla_vjp"):
+    flash_kw, decode_kw = backends.attention_kwargs(impl)
     if not cache_mode:
       return kernels.flash_attention(
           q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, causal=True,
           segment_ids=segment_ids_BxT, sliding_window=sliding_window,
-          softcap=softcap, impl="pallas")
+          softcap=softcap, **flash_kw)
     if q_BxTxHxD.shape[1] == 1:
       out_BxHxD = kernels.decode_attention(
           q_BxTxHxD[:, 0], k_BxSxKxD, v_BxSxKxD, q_positions_BxT[:, 0] + 1,
-          sliding_window=sliding_window, softcap=softcap, impl="pallas",
-          kv_layout="BKSD")
+          sliding_window=sliding_window, softcap=softcap, kv_layout="BKSD",
+          **decode_kw)
       return out_BxHxD[:, None]
 
   if not cache_mode and impl == "xla_vjp":

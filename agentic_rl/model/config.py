@@ -25,10 +25,12 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from agentic_rl.kernels import backends
 from agentic_rl.kernels.reference import NO_WINDOW
 
 MLP_ACTIVATIONS = ("silu", "gelu")
-ATTN_IMPLS = ("xla", "xla_vjp", "pallas")
+# "auto" and every attention backend (agentic_rl.kernels.backends).
+ATTN_IMPLS = backends.ATTN_IMPLS
 
 
 def alternating_windows(
@@ -74,9 +76,15 @@ class TransformerConfig:
       position p sees keys at positions j with ``p - j < window``.
     dtype: compute dtype (activations, matmul inputs, KV cache).
     param_dtype: dtype the parameters are stored in.
-    attn_impl: "xla" (reference), "xla_vjp" (the reference with a
-      hand-written self-attention backward: faster on CPU) or "pallas"
-      (fused kernels).
+    attn_impl: "auto" (the platform's choice: "xla" on CPU, "triton" on
+      GPU, "mosaic_tpu" on TPU), "xla" (reference), "xla_vjp" (the
+      reference with a hand-written self-attention backward: faster on
+      CPU), "triton" (GPU), "cudnn" (GPU self-attention), "mosaic_gpu"
+      (Hopper self-attention; never run on a GPU), "mosaic_tpu" (TPU;
+      never run on a TPU) or "pallas" (the platform's Pallas kernels,
+      interpreted on CPU). The table is in
+      :mod:`agentic_rl.kernels.backends`; :meth:`resolved` picks for the
+      platform, refusing a backend that cannot run there.
     remat: rematerialise each layer's activations in the backward pass
       (``jax.checkpoint`` on the layer body in :func:`forward`).
     scan_unroll: layers applied per iteration of :func:`forward`'s layer
@@ -169,6 +177,14 @@ class TransformerConfig:
 
   # --- validation ------------------------------------------------------------
 
+  def resolved(self, platform: str | None = None) -> TransformerConfig:
+    """This config with ``attn_impl`` resolved for ``platform`` (None: the
+    one being lowered for): ``"auto"`` becomes a backend, and one that
+    cannot run there raises ``ValueError`` naming the fix
+    (:func:`agentic_rl.kernels.backends.resolve`)."""
+    impl = backends.resolve(backends.ATTENTION, self.attn_impl, on=platform)
+    return dataclasses.replace(self, attn_impl=impl)
+
   def validate(self) -> TransformerConfig:
     """Raise ``ValueError`` naming the first problem; return self if fine."""
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
@@ -186,9 +202,7 @@ class TransformerConfig:
     if self.mlp_activation not in MLP_ACTIVATIONS:
       raise ValueError(f"mlp_activation must be one of {MLP_ACTIVATIONS}, "
                        f"got {self.mlp_activation!r}")
-    if self.attn_impl not in ATTN_IMPLS:
-      raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, "
-                       f"got {self.attn_impl!r}")
+    backends.check_name(backends.ATTENTION, self.attn_impl)
     if not self.norm_eps > 0:
       raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
     if not self.rope_theta > 0:

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from agentic_rl import kernels
+from agentic_rl.kernels import backends
 from agentic_rl.model.config import TransformerConfig
 from agentic_rl.model.transformer import forward, unembedding
 
@@ -21,9 +22,12 @@ def sequence_logprobs(params, tokens_BxT: jax.Array, config: TransformerConfig, 
   """``log pi(tokens[t] | tokens[:t])`` and the entropy of that distribution.
 
   ``pi = softmax(softcap(h_{t-1} @ W) / temperature)``, computed from the
-  final hidden states with the fused ``kernels.token_logprobs`` op (``impl``:
-  ``"xla"``, ``"xla_chunked"`` or ``"pallas"``), so ``[B, T, V]`` logits are
-  never needed (inside ``jit`` the unused logits of ``forward`` are dropped).
+  final hidden states with the fused ``kernels.token_logprobs`` op, so
+  ``[B, T, V]`` logits are never needed (inside ``jit`` the unused logits of
+  ``forward`` are dropped). ``impl`` is a ``logprob_impl``: ``"auto"``,
+  ``"xla"``, ``"xla_chunked"``, ``"triton"``, ``"mosaic_tpu"`` or
+  ``"pallas"`` (:mod:`agentic_rl.kernels.backends`, which resolves it for the
+  platform being lowered for).
 
   ``temperature`` is a Python float (static), or a float scalar array (may be
   traced, for a temperature schedule that must not recompile): then the
@@ -50,6 +54,7 @@ def sequence_logprobs(params, tokens_BxT: jax.Array, config: TransformerConfig, 
   logp_N, entropy_N = kernels.token_logprobs(
       hidden_BxTxD[:, :-1].reshape(-1, D), unembedding(params, config),
       tokens_BxT[:, 1:].reshape(-1), temperature=temperature,
-      softcap=config.final_logit_softcap, impl=impl)
+      softcap=config.final_logit_softcap,
+      **backends.logprob_kwargs(backends.resolve(backends.LOGPROBS, impl)))
   pad = lambda x: jnp.pad(x.reshape(B, T - 1), ((0, 0), (1, 0)))  # noqa: E731
   return pad(logp_N), pad(entropy_N)

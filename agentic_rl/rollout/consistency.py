@@ -36,8 +36,9 @@ def learner_logprobs(params, tokens_BxT: jax.Array, model_config,
     tokens_BxT: int32 token ids.
     model_config: the policy's config.
     sampling: the sampling settings the tokens were drawn with.
-    logprob_impl: ``impl`` of ``kernels.token_logprobs`` ("xla",
-      "xla_chunked" or "pallas"); unused for truncated sampling.
+    logprob_impl: a ``logprob_impl`` (:mod:`agentic_rl.kernels.backends`:
+      "auto", "xla", "xla_chunked", "triton", ...); unused for truncated
+      sampling.
   Returns:
     float32 ``[B, T]``: entry t is ``log pi(tokens[t] | tokens[:t])``; entry
     0 (no prefix) is 0.

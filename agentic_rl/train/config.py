@@ -19,6 +19,7 @@ from agentic_rl.envs import registry
 from agentic_rl.envs import tasks as tasks_lib
 from agentic_rl.invariants import exploration, shift, signal
 from agentic_rl.invariants.alarms import Band
+from agentic_rl.kernels import backends
 from agentic_rl.rollout.host import OBS_OVERFLOW
 from agentic_rl.rollout.sampling import SamplingConfig
 from agentic_rl.text import tokenizer as tok_lib
@@ -44,9 +45,25 @@ def _err(msg: str):
 
 
 def model_config(cfg, vocab_size: int) -> model_lib.TransformerConfig:
+  """The validated model config, ``attn_impl`` resolved for this platform
+  (``"auto"`` becomes a backend; one that cannot run here is refused)."""
   m = dict(cfg.model)
   m.pop("logprob_impl")
-  return model_lib.TransformerConfig(vocab_size=vocab_size, **m).validate()
+  config = model_lib.TransformerConfig(vocab_size=vocab_size, **m).validate()
+  try:
+    return config.resolved()
+  except ValueError as e:
+    raise ConfigError(f"config.model.{e}") from None
+
+
+def check_logprob_impl(cfg) -> str:
+  """``config.model.logprob_impl`` resolved for this platform; raises
+  :class:`ConfigError` for a name or backend that cannot run here. (The
+  learner resolves the same name again when it traces the scoring path.)"""
+  try:
+    return backends.resolve(backends.LOGPROBS, cfg.model.logprob_impl)
+  except ValueError as e:
+    raise ConfigError(f"config.model.{e}") from None
 
 
 def sampling_config(cfg, **overrides) -> SamplingConfig:
@@ -271,6 +288,7 @@ def _validate(cfg) -> None:
     _err("config.tasks.weights needs one weight per family in config.tasks.families")
   tok = tok_lib.load_tokenizer()  # also checks the reserved pieces
   model_cfg = model_config(cfg, tok.vocab_size)
+  check_logprob_impl(cfg)
   sampling_config(cfg)
   if cfg.micro_batches < 1:
     _err(f"config.micro_batches must be >= 1, got {cfg.micro_batches}")

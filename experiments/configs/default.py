@@ -128,8 +128,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict(dict(
       d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32,
       mlp_dim=384, rope_theta=10_000.0, tie_embeddings=True,
-      dtype="float32", param_dtype="float32", attn_impl="xla",
-      logprob_impl="xla", remat=False))
+      dtype="float32", param_dtype="float32",
+      # Kernel backends (agentic_rl.kernels.backends); "auto" is the
+      # platform's choice: the XLA references on CPU (the same program as
+      # "xla"), the Triton kernels on GPU, the Mosaic TPU kernels on TPU.
+      attn_impl="auto", logprob_impl="auto", remat=False))
   c.tasks = ml_collections.ConfigDict(dict(
       # "jax": the built-in families below, stepped inside the jitted
       # rollout; "host": a Python environment (host_env: "MODULE:FACTORY",

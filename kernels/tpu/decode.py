@@ -1,6 +1,7 @@
 """Decode attention for TPU: one Pallas Mosaic kernel.
 
-Same visibility rule as :mod:`decode` (slot ``j`` of row ``b`` is visible iff
+Same visibility rule as :mod:`agentic_rl.kernels.decode` (slot ``j`` of row
+``b`` is visible iff
 ``j < lengths[b]`` and, with a window, ``lengths[b] - 1 - j < window``). The
 grid is ``(batch, kv_head, cache block)`` with the cache blocks innermost and
 ``"arbitrary"``: the online softmax of all ``H // K`` query heads of one

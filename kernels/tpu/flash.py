@@ -1,6 +1,6 @@
 """Flash attention for TPU: Pallas Mosaic forward, dQ and dK/dV kernels.
 
-The algorithm is that of the Triton kernels in :mod:`flash`
+The algorithm is that of the Triton kernels in :mod:`..triton.flash`
 (FlashAttention-2 with the online softmax), with the same masking and
 block-skipping rules (:mod:`attention_rules`); the layout follows Mosaic's
 rules:
@@ -24,8 +24,8 @@ rules:
 * the sliding window is a scalar-prefetch operand (SMEM), so index maps can
   skip blocks outside it.
 
-:mod:`flash` wraps :func:`forward` and :func:`backward` in its
-``custom_vjp``. dK/dV runs on grid ``(B, K, key blocks, H // K, query
+:mod:`agentic_rl.kernels.flash` wraps :func:`forward` and :func:`backward`
+in its ``custom_vjp``. dK/dV runs on grid ``(B, K, key blocks, H // K, query
 blocks)``: the query heads that share a key/value head and the query blocks
 are both reduction dimensions, so GQA accumulates into one dK/dV tile.
 
@@ -71,7 +71,7 @@ class TpuAttentionBlockSizes:
 @dataclasses.dataclass(frozen=True)
 class Config:
   """What the kernels specialise on (the fields :mod:`attention_rules`
-  reads have the same names as in :mod:`flash`'s config)."""
+  reads have the same names as in :mod:`..triton.flash`'s config)."""
   causal: bool
   softcap: float | None
   scale: float

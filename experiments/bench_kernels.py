@@ -1,9 +1,9 @@
 """Benchmark every implementation of each kernel op side by side.
 
-    python -m agentic_rl.kernels.bench --out FILE [--quick] [--ops a,b]
+    python -m experiments.bench_kernels --out FILE [--quick] [--ops a,b]
         [--backend triton|mosaic_tpu]
-    python -m agentic_rl.kernels.bench --tune --out FILE [--max_seconds S]
-    python -m agentic_rl.kernels.bench --ab FIELD=V1,V2 --out FILE [--rounds R]
+    python -m experiments.bench_kernels --tune --out FILE [--max_seconds S]
+    python -m experiments.bench_kernels --ab FIELD=V1,V2 --out FILE [--rounds R]
         [--ab_base JSON]
 
 For each op and shape, every implementation available on this backend is

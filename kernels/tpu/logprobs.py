@@ -1,8 +1,9 @@
 """Fused token log-probs and entropies for TPU: Pallas Mosaic kernels.
 
-Same math as :mod:`logprobs` (the tile statistics and the logit gradient of
-:mod:`logprob_math`), with the TPU's grid-and-scratch shape instead of
-Triton's in-kernel loops, and no ``[N, V]`` or ``[N, chunk]`` array in HBM:
+Same math as :mod:`agentic_rl.kernels.logprobs` (the tile statistics and the
+logit gradient of :mod:`logprob_math`), with the TPU's grid-and-scratch shape
+instead of Triton's in-kernel loops, and no ``[N, V]`` or ``[N, chunk]`` array
+in HBM:
 
 * forward, grid ``(row blocks, vocab blocks)``: each step multiplies an
   ``[bn, D]`` hidden tile by a ``[D, bv]`` unembedding tile on the MXU and

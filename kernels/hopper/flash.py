@@ -1,13 +1,13 @@
 """Flash attention as Mosaic GPU (Hopper) kernels: forward and backward.
 
-The Triton kernels (:mod:`flash`) run their tile matmuls at about the rate
-Triton's own FlashAttention-2 kernels reach on an H200, well below cuDNN
-(BENCHMARKS.md). These kernels are written for Hopper with Pallas' Mosaic
-GPU backend: warpgroup matmuls (``wgmma``) reading swizzled shared memory,
-and a warp-specialised pipeline in which a memory warpgroup streams tiles by
-TMA into a ring of ``stages`` slots while ``warpgroups`` compute warpgroups,
-each owning one tile of the program's, run the matmuls and the softmax
-algebra on them (one's softmax can overlap another's matmuls):
+The same forward and backward as the Triton kernels
+(:mod:`agentic_rl.kernels.triton.flash`), written for Hopper (sm_90a) with
+Pallas' Mosaic GPU backend, after FlashAttention-3 (Shah et al., 2024,
+arXiv:2407.08608): warpgroup matmuls (``wgmma``) reading swizzled shared
+memory, and a warp-specialised pipeline in which a memory warpgroup streams
+tiles by TMA into a ring of ``stages`` slots while ``warpgroups`` compute
+warpgroups, each owning one tile of the program's, run the matmuls and the
+softmax algebra on them (one's softmax can overlap another's matmuls):
 
     forward, per query tile i, over key tiles j (online softmax, base 2):
       S = Q K_j^T * scale * log2 e (masked),  m' = max(m, rowmax S)
@@ -28,32 +28,32 @@ adds ``dS K`` for a slice of dQ's columns into an fp32 buffer by TMA
 reduce-add (:func:`_add_dq`), 5 tile matmuls per block pair instead of 7.
 
 ``lse`` is the base-2 log-sum-exp of the scaled logits (the Triton kernels'
-convention, so either family's forward feeds either backward) and ``delta
-= rowsum(O * dO)`` (:func:`flash.row_delta`). The backward keeps its dK/dV
-tiles key-major (``S^T``), so ``P^T`` and ``dS^T`` feed their matmuls
-without a transpose. ``P`` (forward), ``dS`` (dQ) and ``P^T``/``dS^T``
-(dK/dV) stay in registers as the left operand of their wgmma, and the
-forward accumulates ``P V`` into its rescaled accumulator in place, as
-FlashAttention-3 does. Pallas' GPU interpreter (which runs these kernels on
-CPU) models wgmma on shared-memory operands and fresh accumulators only, so
-there, or with ``register_operands=False``, those tiles go through
-shared-memory staging tiles and ``P V`` is added after its matmul
-(:func:`_lhs`, :func:`_accumulate`); the values are the same. Each
-streamed tile is released as soon as its last matmul is done (the
-pipeline's consumed barriers), so its slot refills during the step.
+convention, so either family's forward feeds either backward) and ``delta =
+rowsum(O * dO)`` (:func:`agentic_rl.kernels.flash.row_delta`). The backward
+keeps its dK/dV tiles key-major (``S^T``), so ``P^T`` and ``dS^T`` feed their
+matmuls without a transpose. ``P`` (forward), ``dS`` (dQ) and ``P^T``/``dS^T``
+(dK/dV) stay in registers as the left operand of their wgmma, and the forward
+accumulates ``P V`` into its rescaled accumulator in place, as FlashAttention-3
+does. Pallas' GPU interpreter (which runs these kernels on CPU) models wgmma on
+shared-memory operands and fresh accumulators only, so there, or with
+``register_operands=False``, those tiles go through shared-memory staging tiles
+and ``P V`` is added after its matmul (:func:`_lhs`, :func:`_accumulate`); the
+values are the same. Each streamed tile is released as soon as its last matmul
+is done (the pipeline's consumed barriers), so its slot refills during the
+step.
 
 Scope (:func:`unsupported` says why a case is out of it, and
-:func:`flash.flash_attention` raises that): float16 or bfloat16,
-self-attention (``T == S``) with the length a multiple of ``warpgroups``
-tiles, head_dim a multiple of 64 up to 256, causal masking and static
-sliding windows; no segment ids and no soft-cap (the Triton kernels cover
-those). Masks follow :mod:`attention_rules`, and the streamed block range is
-its ``key_blocks`` / ``query_blocks`` over the program's tiles, so tiles no
+:func:`agentic_rl.kernels.flash.flash_attention` raises that): float16 or
+bfloat16, self-attention (``T == S``) with the length a multiple of
+``warpgroups`` tiles, head_dim a multiple of 64 up to 256, causal masking and
+static sliding windows; no segment ids and no soft-cap (the Triton kernels
+cover those). Masks follow :mod:`attention_rules`, and the streamed block range
+is its ``key_blocks`` / ``query_blocks`` over the program's tiles, so tiles no
 warpgroup sees are never loaded; tiles that see every pair skip the mask.
 
 Status: tested in the GPU interpreter (jax >= 0.11), lowered for CUDA on
 CPU (every jax this project supports) and compiled for an H200 by ptxas on
-CPU (:mod:`aot`); not yet run or timed on a GPU.
+CPU (``experiments/aot_kernels.py``); not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -604,7 +604,8 @@ def _dkdv_call(cfg: Config, q, k, v, do, lse, delta, *dq_ref):
 def _launch(cfg: Config, name: str, kernel, *, out_type, scratch, grid,
             grid_names, takes_ref: bool = False):
   """``kernel(cfg, *inputs, *outputs, *scratch)`` as a Mosaic GPU kernel
-  called ``name`` (ptxas, profilers and :mod:`aot` report it) over
+  called ``name`` (ptxas, profilers and ``experiments/aot_kernels.py``
+  report it) over
   ``grid``, with ``cfg.warpgroups`` compute warpgroups and a memory one
   (axis "wg") sharing the ``scratch`` allocations. ``plgpu.kernel`` does
   that (and batches under ``jax.vmap``); with ``takes_ref`` (a ``jax.Ref``

@@ -1,6 +1,6 @@
 """Compile the kernels for a GPU this machine does not have.
 
-    python -m agentic_rl.kernels.aot --out FILE [--ops a,b]
+    python -m experiments.aot_kernels --out FILE [--ops a,b]
         [--sweep FIELD=V1,V2 ...] [--base JSON]
 
 XLA's GPU compiler runs without a device when it is given a description of
@@ -9,7 +9,7 @@ that as compile-only devices (``jax.experimental.topologies``). With JAX's
 CUDA plugin installed (``pip install -e ".[cuda]"``; no GPU or driver
 needed), a program then compiles on a CPU-only machine all the way to
 machine code for, say, an H200: the Triton kernels through XLA's Triton
-pipeline, the Mosaic GPU kernels (:mod:`flash_mgpu`) through ptxas for
+pipeline, the Mosaic GPU kernels (``kernels/hopper/``) through ptxas for
 ``sm_90a``. That checks what lowering alone does not (the PTX compile, each
 kernel's register use and spills, the Triton kernels' shared memory) and
 prints ptxas' own warnings, such as serialised ``wgmma``, before any GPU
@@ -22,11 +22,12 @@ device, so ``impl="pallas"`` picks the target's kernels, compiled
 kernels, XLA's launch dimensions and shared memory for the others (Triton
 and fusions).
 
-The command compiles the benchmark's attention shapes (:mod:`bench`) with
-the Triton kernels and with the Mosaic GPU ones, the latter at ``--base``
-(a JSON object of :class:`~flash.AttentionBlockSizes` fields, default
-``{"fwd": "mosaic_gpu", "bwd": "mosaic_gpu"}``) and with each ``--sweep``
-value in turn (as ``bench --ab``), plus the log-prob and decode kernels,
+The command compiles the benchmark's attention shapes
+(:mod:`experiments.bench_kernels`) with the Triton kernels and with the
+Mosaic GPU ones, the latter at ``--base`` (a JSON object of
+:class:`~agentic_rl.kernels.AttentionBlockSizes` fields, default ``{"fwd":
+"mosaic_gpu", "bwd": "mosaic_gpu"}``) and with each ``--sweep`` value in
+turn (as ``bench_kernels --ab``), plus the log-prob and decode kernels,
 and writes one JSON row per compiled kernel. A case that fails to compile
 (shared memory over the limit, a kernel ptxas rejects) is recorded with
 its error and the run goes on.
@@ -51,7 +52,7 @@ import jax
 import jax.numpy as jnp
 
 from agentic_rl import kernels
-from agentic_rl.kernels import bench
+from experiments import bench_kernels as bench
 
 # The NVIDIA H200 (SXM, 141 GB) as XLA's GPU compiler sees it: the fields of
 # stream_executor's GpuTargetConfigProto that a device query fills in (values
