@@ -220,3 +220,19 @@ def test_windowed_fifo_bounds_out_of_order_collection():
 def test_config_rejects_bad_values(kwargs, match):
   with pytest.raises(ValueError, match=match):
     ShiftConfig(**kwargs)
+
+
+def test_staleness_bound_tightens_out_of_band_and_loosens_back():
+  from agentic_rl.invariants.alarms import Band  # pylint: disable=g-import-not-at-top
+  cfg = shift.ShiftConfig(max_staleness=3, adaptive_staleness=True, staleness_patience=2,
+                          bands=(("shift/kl_behaviour_learner", Band(high=0.1)),))
+  state = shift.init_staleness_bound(cfg)
+  bounds = []
+  for kl in (0.5, 0.5, 0.01, 0.01, 0.01, 0.01, 0.2, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0):
+    state = shift.update_staleness_bound(cfg, state, kl)
+    bounds.append(state.bound)
+  assert bounds == [2, 1, 1, 2, 2, 3, 2, 2, 3, 3, 3, 3, 3]
+  fixed = shift.ShiftConfig(max_staleness=3)
+  assert shift.update_staleness_bound(fixed, shift.init_staleness_bound(fixed), 9.0).bound == 3
+  with pytest.raises(ValueError, match="max_staleness >= 1"):
+    shift.ShiftConfig(max_staleness=0, adaptive_staleness=True)

@@ -1,5 +1,6 @@
 """Trainer options through ``loop.train``: each one changes what it should."""
 
+import dataclasses
 import os
 
 import numpy as np
@@ -110,3 +111,25 @@ def test_kl_reference_is_the_stage_start_or_a_named_checkpoint(tmp_path):
   named.rl.reference_from = str(tmp_path / "missing")
   with pytest.raises(ValueError, match="reference_from"):
     loop.train(named, str(tmp_path / "refused"))
+
+
+def test_adaptive_staleness_tightens_the_actors_bound(tmp_path, monkeypatch):
+  from agentic_rl.invariants import shift  # pylint: disable=g-import-not-at-top
+  from agentic_rl.invariants.alarms import Band  # pylint: disable=g-import-not-at-top
+  from agentic_rl.train import config as config_lib  # pylint: disable=g-import-not-at-top
+  original = config_lib.shift_config
+
+  def tight_band(stage):  # any KL is out of this band
+    return dataclasses.replace(original(stage),
+                               bands=(("shift/kl_behaviour_learner", Band(high=-1.0)),))
+
+  monkeypatch.setattr(config_lib, "shift_config", tight_band)
+  cfg = _rl_only(iterations=4)
+  cfg.rl.update(max_staleness=2)
+  cfg.rl.shift.adaptive_staleness = True
+  records = _rl_records(cfg, tmp_path)
+  assert [r["shift/staleness_bound"] for r in records] == [1, 0, 0, 0]
+  # The actor's lag follows the bound: at most 2, then 1, then on-policy.
+  lags = [r["shift/staleness_max"] for r in records]
+  assert lags[0] == 0 and lags[1] <= 1 and lags[2:] == [0, 0]
+  assert isinstance(original(cfg.rl), shift.ShiftConfig)

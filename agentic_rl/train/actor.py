@@ -128,11 +128,11 @@ class AsyncActor:
         # (step - first_step) * U updates past its start; every token of it
         # must be within `bound` of that.
         U = self.rl.updates_per_batch
-        need = self.first_version + (step - self.first_step) * U - self.bound
+        need = lambda: self.first_version + (step - self.first_step) * U - self.bound  # noqa: E731,B023
         t0 = time.perf_counter()
         with self._cond:
-          while not self._stop and self._weights[1] < need:
-            self._cond.wait()
+          while not self._stop and self._weights[1] < need():
+            self._cond.wait(timeout=1.0)  # the bound may move meanwhile
           if self._stop:
             return
         t1 = time.perf_counter()

@@ -23,7 +23,7 @@ import numpy as np
 from agentic_rl import invariants
 from agentic_rl import model as model_lib
 from agentic_rl import objectives
-from agentic_rl.invariants import signal
+from agentic_rl.invariants import shift, signal
 from agentic_rl.train import checkpoint as checkpoint_lib
 from agentic_rl.train import config as config_lib
 from agentic_rl.train import actor as actor_lib
@@ -100,7 +100,8 @@ class _Driver:
             "ref_params": state.ref_params,
             "actors": [a[0] for a in actors], "actor_versions": [a[1] for a in actors],
             "history": dataclasses.asdict(controls.history),
-            "entropy_coef": np.float32(controls.entropy_coef), "rng": rng}
+            "entropy_coef": np.float32(controls.entropy_coef),
+            "staleness": np.array(dataclasses.astuple(controls.staleness), np.int64), "rng": rng}
     self.ckpt.save(self.progress.global_step, tree,
                    {"progress": dataclasses.asdict(self.progress), "summary": self.summary})
 
@@ -178,7 +179,8 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
     if restored is not None:
       params, root_key = restored["params"], restored["rng"]
       controls = rl.Controls(signal.PromptHistory(**restored["history"]),
-                             float(restored["entropy_coef"]))
+                             float(restored["entropy_coef"]),
+                             shift.StalenessBound(*map(int, restored["staleness"])))
     while progress.stage_index < len(d.stages):
       stage, name = d.stages[progress.stage_index], cfg.stages[progress.stage_index]
       n_steps = _stage_steps(stage)
@@ -217,13 +219,15 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
                                     reset_each_iteration=opt_cfg.reset_each_iteration)
         state = jax.device_put(state, stage_rl.state_sharding)
         if progress.stage_step == 0:
-          controls = dataclasses.replace(controls, entropy_coef=stage_rl.explore_cfg.entropy_coef)
+          controls = dataclasses.replace(
+              controls, entropy_coef=stage_rl.explore_cfg.entropy_coef,
+              staleness=shift.init_staleness_bound(stage_rl.shift_cfg))
         prompts = rl.PromptSource(stage_rl.signal_cfg,
                                   run.tasks.difficulty_of(np.arange(cfg.tasks.train_size)),
                                   progress.data_pos)
         bands = stage_rl.signal_cfg.bands + stage_rl.shift_cfg.bands + stage_rl.explore_cfg.bands
         actor = actor_lib.make_actor(stage.actor, run, stage_rl, prompts, stage_key, state,
-                                     progress.stage_step, controls, stage.max_staleness,
+                                     progress.stage_step, controls, controls.staleness.bound,
                                      end_step=n_steps, snapshots=snapshots)
         save = lambda: d.save(state, actor.checkpoint(), controls, root_key)  # noqa: E731
         try:
@@ -231,6 +235,7 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
             t0 = time.perf_counter()
             collected = actor.next(state, controls, progress.stage_step)
             state, controls, record = rl.rl_iteration(run, stage_rl, state, collected, controls)
+            actor.bound = controls.staleness.bound
             actor.updated(state)
             record.update(actor.stats())
             progress.data_pos = collected.data_pos

@@ -53,11 +53,12 @@ from agentic_rl.train.run import Run
 @dataclasses.dataclass
 class Controls:
   """Host-side state of the invariant controllers, checkpointed with the run:
-  each prompt's success history (signal) and the entropy-bonus coefficient
-  (exploration)."""
+  each prompt's success history (signal), the entropy-bonus coefficient
+  (exploration) and the actor's staleness bound (shift)."""
 
   history: signal.PromptHistory
   entropy_coef: float
+  staleness: shift.StalenessBound = shift.StalenessBound(0)
 
 
 class PromptSource:
@@ -425,14 +426,18 @@ def episode_health(rollouts: Rollout) -> dict[str, float]:
 def next_controls(rl: RLStage, controls: Controls, collected: Collected,
                   metrics: dict[str, float]) -> Controls:
   """Each prompt's outcomes into the history; the entropy-bonus coefficient
-  one step towards its band."""
+  one step towards its band; the staleness bound after this iteration's KL
+  (``shift/staleness_bound`` is set in ``metrics``)."""
   sampled = collected.sampled
   history = signal.update_history(controls.history, sampled.prompt_ids[sampled.group],
                                   sampled.success, decay=rl.signal_cfg.history_decay)
   coef = exploration.update_entropy_coef(
       rl.explore_cfg, exploration.EntropyCoefState(jnp.float32(controls.entropy_coef)),
       metrics["explore/entropy"]).coef
-  return Controls(history, float(coef))
+  staleness = shift.update_staleness_bound(rl.shift_cfg, controls.staleness,
+                                           metrics["shift/kl_behaviour_learner"])
+  metrics["shift/staleness_bound"] = float(staleness.bound)
+  return Controls(history, float(coef), staleness)
 
 
 # ------------------------------------------------------------------ the iteration

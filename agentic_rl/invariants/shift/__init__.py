@@ -4,6 +4,7 @@
   mismatch (log-prob gap, K3 KL, importance ratios);
 - ``weights``: per-token loss weights enforcing ``max_staleness`` and masking
   partial-rollout segments;
+- ``controllers``: the adaptive staleness bound;
 - ``fifo``: windowed-FIFO collection of finished groups in asynchronous mode.
 
 Switches live in ``ShiftConfig``; everything defaults to off. The
@@ -12,6 +13,8 @@ behaviour/learner corrections (TIS, MIS / IcePop, OPSM) are loss terms in
 """
 
 from agentic_rl.invariants.shift.config import ShiftConfig
+from agentic_rl.invariants.shift.controllers import (StalenessBound, init_staleness_bound,
+                                                     update_staleness_bound)
 from agentic_rl.invariants.shift.fifo import (LaunchQueue, collect, fifo_window, finish,
                                               init_queue, launch)
 from agentic_rl.invariants.shift.monitors import (check_versions, mismatch_metrics,
@@ -21,7 +24,8 @@ from agentic_rl.invariants.shift.weights import (partial_rollout_weights, shift_
                                                  staleness_weights)
 
 __all__ = [
-    "LaunchQueue", "ShiftConfig", "check_versions", "collect", "fifo_window", "finish",
+    "LaunchQueue", "ShiftConfig", "StalenessBound", "init_staleness_bound",
+    "update_staleness_bound", "check_versions", "collect", "fifo_window", "finish",
     "init_queue", "launch", "mismatch_metrics", "partial_rollout_weights", "shift_metrics",
     "shift_weights", "staleness", "staleness_histogram", "staleness_weights",
 ]

@@ -35,6 +35,12 @@ class ShiftConfig:
       ``--mask-offpolicy-in-partial-rollout``) or ``keep`` (they enter the
       loss; to correct them, set an ``ObjectiveConfig.correction``, whose
       ratio uses each token's own behaviour log-prob).
+    adaptive_staleness: let the staleness controller
+      (``controllers.update_staleness_bound``) tighten the actor's bound
+      below ``max_staleness`` while ``shift/kl_behaviour_learner`` is above
+      its band, and loosen it back after ``staleness_patience`` iterations
+      inside it.
+    staleness_patience: iterations in the band before the bound loosens.
     fifo_window_ratio: windowed-FIFO collection in asynchronous mode: only
       finished groups among the first ``ceil(ratio * P)`` launched and not yet
       collected may be taken (P groups per batch, ratio >= 1). None: greedy,
@@ -48,6 +54,8 @@ class ShiftConfig:
   stale_decay: float = 1.0
   partial_rollout: str = "keep"
   fifo_window_ratio: float | None = None
+  adaptive_staleness: bool = False
+  staleness_patience: int = 3
   bands: tuple[tuple[str, Band], ...] = (("shift/kl_behaviour_learner", Band(high=1e-2)),)
 
   def __post_init__(self):
@@ -60,4 +68,9 @@ class ShiftConfig:
     check_choice("partial_rollout", self.partial_rollout, PARTIAL_ROLLOUT_MODES)
     if self.fifo_window_ratio is not None:
       check_float("fifo_window_ratio", self.fifo_window_ratio, low=1.0)
+    check_int("staleness_patience", self.staleness_patience, minimum=1)
+    if self.adaptive_staleness and not self.max_staleness:
+      raise ValueError("adaptive_staleness needs max_staleness >= 1 (the bound it moves under)")
+    if self.adaptive_staleness and "shift/kl_behaviour_learner" not in dict(self.bands):
+      raise ValueError("adaptive_staleness needs a band for shift/kl_behaviour_learner")
     validate_bands(self.bands, "shift")
