@@ -1,18 +1,18 @@
-"""The RL iteration as a pipeline of values.
-
-:func:`rl_iteration` reads top to bottom::
+"""The RL iteration as a pipeline of values::
 
   collect -> shape rewards -> advantages -> score and weight -> update
           -> invariant metrics (and the controllers' next state)
 
-each stage a function of what the previous ones returned:
+each stage a function of what the previous ones returned. The actor
+(:mod:`agentic_rl.train.actor`, in the learner's thread or its own) calls
+:func:`collect`; :func:`rl_iteration` reads the rest top to bottom.
 
 1. :func:`collect`: the signal controller picks prompts (a
    :class:`PromptSource`) and allocates rollouts
    (``invariants.signal.allocate_rollouts``: uniform, DAPO dynamic sampling,
-   Reinforce-Ada or Knapsack), sampled by the jitted rollout engine with the
-   actor's parameters (which lag the learner by up to ``max_staleness``
-   updates); the exploration schedule sets the sampling temperature.
+   Reinforce-Ada or Knapsack), sampled by the rollout engine or the host
+   loop with the actor's parameters (at most the staleness bound behind the
+   learner); the exploration schedule sets the sampling temperature.
 2. :func:`shape_rewards`: over-long episodes masked or punished, and the
    per-group inputs an estimator takes (ReMax's greedy baselines,
    Reinforce-Ada's every-rollout statistics).
@@ -23,8 +23,9 @@ each stage a function of what the previous ones returned:
    batch, the learner's log-probs at the iteration's start.
 5. :func:`update`: ``updates_per_batch`` optimiser steps.
 6. :func:`invariant_metrics`: rewards, the three invariants' monitors,
-   throughput; :func:`next_controls` moves the entropy-bonus coefficient
-   towards its band and records each prompt's outcomes.
+   episode health, throughput; :func:`next_controls` records each prompt's
+   outcomes, moves the entropy-bonus coefficient towards its band and the
+   staleness bound after the KL.
 """
 
 from __future__ import annotations
@@ -426,8 +427,7 @@ def episode_health(rollouts: Rollout) -> dict[str, float]:
 def next_controls(rl: RLStage, controls: Controls, collected: Collected,
                   metrics: dict[str, float]) -> Controls:
   """Each prompt's outcomes into the history; the entropy-bonus coefficient
-  one step towards its band; the staleness bound after this iteration's KL
-  (``shift/staleness_bound`` is set in ``metrics``)."""
+  one step towards its band; the staleness bound after this iteration's KL."""
   sampled = collected.sampled
   history = signal.update_history(controls.history, sampled.prompt_ids[sampled.group],
                                   sampled.success, decay=rl.signal_cfg.history_decay)
@@ -436,7 +436,6 @@ def next_controls(rl: RLStage, controls: Controls, collected: Collected,
       metrics["explore/entropy"]).coef
   staleness = shift.update_staleness_bound(rl.shift_cfg, controls.staleness,
                                            metrics["shift/kl_behaviour_learner"])
-  metrics["shift/staleness_bound"] = float(staleness.bound)
   return Controls(history, float(coef), staleness)
 
 
@@ -455,4 +454,6 @@ def rl_iteration(run: Run, rl: RLStage, state: learner.TrainState, collected: Co
   state, learned = update(rl, state, learn_batch)
   metrics = invariant_metrics(run, rl, collected, shaped, advantages, learn_batch, shift_stats,
                               learned, version, controls, tau)
-  return state, next_controls(rl, controls, collected, metrics), metrics
+  controls = next_controls(rl, controls, collected, metrics)
+  metrics["shift/staleness_bound"] = float(controls.staleness.bound)
+  return state, controls, metrics
