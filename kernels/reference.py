@@ -134,12 +134,66 @@ def token_logprobs(
   ``z = h @ W`` (fp32 accumulation), ``z = softcap * tanh(z / softcap)`` if
   set, then ``z / temperature``; returns ``log_softmax(z)[n, targets[n]]`` and
   ``-sum_v p_v log p_v``, both fp32 ``[N]``.
+
+  The gradient is autodiff's of exactly that; where the entropy gets no
+  cotangent (it is only a metric) it is computed without the ``[N, V]``
+  scatter of the target log-probs' cotangent (:func:`_logprobs_bwd`).
   """
   logits = jnp.dot(hidden_NxD, unembed_DxV, preferred_element_type=jnp.float32)
   if softcap is not None:
     logits = softcap * jnp.tanh(logits / softcap)
   logits = logits / temperature
-  logp_NxV = jax.nn.log_softmax(logits, axis=-1)
+  return _logprobs(logits, targets_N)
+
+
+def _logprobs_of_logits(logits_NxV, targets_N):
+  logp_NxV = jax.nn.log_softmax(logits_NxV, axis=-1)
   logp_N = jnp.take_along_axis(logp_NxV, targets_N[:, None], axis=-1)[:, 0]
   entropy_N = -jnp.sum(jnp.exp(logp_NxV) * logp_NxV, axis=-1)
   return logp_N, entropy_N
+
+
+@jax.custom_vjp
+def _logprobs(logits_NxV, targets_N):
+  return _logprobs_of_logits(logits_NxV, targets_N)
+
+
+def _logprobs_fwd(logits_NxV, targets_N):
+  logits_NxV, targets_N = logits_NxV.value, targets_N.value
+  return _logprobs_of_logits(logits_NxV, targets_N), (logits_NxV, targets_N)
+
+
+def _logprobs_bwd(res, cts):
+  """Autodiff's backward of :func:`_logprobs_of_logits`, the same values.
+
+  With only the log-probs' cotangent ``a`` (the entropy's a symbolic zero),
+  autodiff scatters ``a`` into an ``[N, V]`` zero array ``g`` and sums it
+  back over V for ``log_softmax``'s normaliser: ``dz = g + e * (sum_v(-g) /
+  S)``, ``e = exp(z - max z)``, ``S = sum_v e``. ``sum_v(-g)`` is ``-a`` (a
+  sum of one term and zeros; ``+0`` where ``a`` is zero), so neither the
+  scatter, its zero fill nor the sum is needed: ``g`` is a select inside the
+  fusion that computes ``dz``. With an entropy cotangent the backward is
+  ``jax.vjp``'s.
+  """
+  logits_NxV, targets_N = res
+  d_logp, d_entropy = cts
+  symbolic_zero = jax.custom_derivatives.SymbolicZero
+  if not isinstance(d_entropy, symbolic_zero) or isinstance(d_logp, symbolic_zero):
+    d_logp, d_entropy = (jnp.zeros(c.shape, c.dtype) if isinstance(c, symbolic_zero) else c
+                         for c in (d_logp, d_entropy))
+    _, vjp = jax.vjp(lambda z: _logprobs_of_logits(z, targets_N), logits_NxV)
+    return vjp((d_logp, d_entropy))[0], None
+  # log_softmax's own max and normaliser (XLA computes them once, for both).
+  x_max = jnp.max(logits_NxV, -1, initial=-jnp.inf, keepdims=True)
+  e_NxV = jnp.exp(logits_NxV - x_max)
+  d_lse_N1 = jnp.where(d_logp == 0, 0.0, -d_logp)[:, None]
+  d_s_N1 = d_lse_N1 / jnp.sum(e_NxV, -1, keepdims=True)
+  V = logits_NxV.shape[-1]
+  targets_N = jnp.where(targets_N < 0, targets_N + V, targets_N)  # as take_along_axis
+  hit_NxV = (jax.lax.broadcasted_iota(targets_N.dtype, logits_NxV.shape, 1)
+             == targets_N[:, None])
+  g_NxV = jnp.where(hit_NxV, d_logp[:, None], 0.0)
+  return g_NxV + d_s_N1 * e_NxV, None
+
+
+_logprobs.defvjp(_logprobs_fwd, _logprobs_bwd, symbolic_zeros=True)

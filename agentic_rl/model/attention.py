@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from agentic_rl import kernels
 from agentic_rl.kernels import backends
 from agentic_rl.kernels import reference
+from agentic_rl.model.remat import recompute_in_backward
 
 IMPLS = backends.ATTN_IMPLS
 
@@ -53,6 +54,7 @@ def attention(
     q_positions_BxT: jax.Array | None = None,
     sliding_window: int | jax.Array | None = None,
     softcap: float | None = None,
+    recompute: bool = False,
 ) -> jax.Array:
   """Causal GQA attention (see the module docstring for the two modes).
 
@@ -66,6 +68,10 @@ def attention(
     q_positions_BxT: int absolute positions of the queries (cache mode).
     sliding_window: int window (may be a traced scalar), or None for global.
     softcap: attention-logit soft-cap ``c * tanh(s / c)``, or None.
+    recompute: ``"xla"`` self-attention keeps only q, k and v for the
+      backward and recomputes the scores and probabilities there
+      (:func:`agentic_rl.model.remat.recompute_in_backward`: autodiff's
+      gradients bit for bit, without four ``[B, H, T, T]`` residuals).
 
   Returns:
     ``[B, T, H, D]`` in q's dtype; the softmax is fp32 with scale
@@ -100,10 +106,11 @@ def attention(
                               segment_ids_BxT=segment_ids_BxT,
                               sliding_window=sliding_window, softcap=softcap)
   if not cache_mode:
-    return reference.attention(
-        q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, causal=True,
-        segment_ids=segment_ids_BxT, sliding_window=sliding_window,
-        softcap=softcap)
+    core = functools.partial(_reference_self_attention, softcap=softcap)
+    if recompute:
+      return recompute_in_backward(core, q_BxTxHxD, k_BxSxKxD, v_BxSxKxD,
+                                   segment_ids_BxT, sliding_window)
+    return core(q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, segment_ids_BxT, sliding_window)
   B, S = k_BxSxKxD.shape[0], k_BxSxKxD.shape[2]
   kv_positions_BxS = jnp.broadcast_to(
       jnp.arange(S, dtype=q_positions_BxT.dtype), (B, S))
@@ -111,6 +118,13 @@ def attention(
       q_BxTxHxD, k_BxSxKxD, v_BxSxKxD, causal=True,
       q_positions=q_positions_BxT, kv_positions=kv_positions_BxS,
       sliding_window=sliding_window, softcap=softcap, kv_layout="BKSD")
+
+
+def _reference_self_attention(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, segment_ids_BxT,
+                              sliding_window, *, softcap):
+  return reference.attention(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, causal=True,
+                             segment_ids=segment_ids_BxT, sliding_window=sliding_window,
+                             softcap=softcap)
 
 
 def self_attention_xla(q_BxTxHxD: jax.Array, k_BxTxKxD: jax.Array,

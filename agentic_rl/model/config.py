@@ -92,6 +92,12 @@ class TransformerConfig:
       1 compiles one layer body whatever the depth (the quickest compile
       for deep models). On XLA:CPU the loop's stacked residuals, slices and
       bookkeeping take a fifth of a 2-layer learner step (BENCHMARKS.md).
+    backward_recompute: the attention core (``attn_impl="xla"``) and the
+      gated MLP keep only their inputs (q, k, v; gate and up) for the
+      backward and recompute the rest there
+      (:func:`agentic_rl.model.remat.recompute_in_backward`): the same
+      values and gradients bit for bit, a third fewer temporaries in a
+      learner step; False keeps autodiff's residuals.
   """
 
   vocab_size: int
@@ -117,6 +123,7 @@ class TransformerConfig:
   attn_impl: str = "xla"
   remat: bool = False
   scan_unroll: int | None = None
+  backward_recompute: bool = True
 
   def __post_init__(self):
     # Lists are unhashable (and jit needs a hashable static config).

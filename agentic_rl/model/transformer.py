@@ -37,6 +37,8 @@ from jax import lax
 
 from agentic_rl.model.attention import attention
 from agentic_rl.model.config import TransformerConfig
+from agentic_rl.model.remat import recompute_in_backward
+
 
 Params = dict[str, Any]
 # attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh) -> (out_BxTxHxDh, aux)
@@ -288,12 +290,29 @@ def decoder_layer(x_BxTxD: jax.Array, p: Params, rope: Rope,
   h = rms_norm(x_BxTxD, p["mlp_norm"], eps=eps, plus_one=plus_one)
   gate_BxTxF = _dense(h, p["w_gate"], "btd,df->btf")
   up_BxTxF = _dense(h, p["w_up"], "btd,df->btf")
-  if config.mlp_activation == "silu":
-    act_BxTxF = jax.nn.silu(gate_BxTxF)
+  if config.backward_recompute:
+    # Keeps gate and up (not act(gate), the product, ...) for the backward.
+    down = functools.partial(_gated_down, activation=config.mlp_activation)
+    x_BxTxD = x_BxTxD + recompute_in_backward(down, gate_BxTxF, up_BxTxF, p["w_down"])
   else:
-    act_BxTxF = jax.nn.gelu(gate_BxTxF, approximate=True)
-  x_BxTxD = x_BxTxD + _dense(act_BxTxF * up_BxTxF, p["w_down"], "btf,fd->btd")
+    x_BxTxD = x_BxTxD + _gated_down(gate_BxTxF, up_BxTxF, p["w_down"],
+                                    activation=config.mlp_activation)
   return x_BxTxD, aux
+
+
+def _gated_down(gate_BxTxF, up_BxTxF, w_down, *, activation: str) -> jax.Array:
+  """``down(act(gate) * up)``."""
+  return _dense(gated_unit(gate_BxTxF, up_BxTxF, activation=activation), w_down,
+                "btf,fd->btd")
+
+
+def gated_unit(gate: jax.Array, up: jax.Array, *, activation: str) -> jax.Array:
+  """``act(gate) * up``: SiLU (SwiGLU) or tanh-approximate GELU (GeGLU)."""
+  if activation == "silu":
+    act = jax.nn.silu(gate)
+  else:
+    act = jax.nn.gelu(gate, approximate=True)
+  return act * up
 
 
 def unembedding(params: Params, config: TransformerConfig) -> jax.Array:
@@ -396,6 +415,7 @@ def forward(
 
     def attend(q, k, v):
       out = attention(q, k, v, impl=config.attn_impl,
+                      recompute=config.backward_recompute,
                       segment_ids_BxT=segment_ids_BxT,
                       sliding_window=layer_window(window, config),
                       softcap=config.attn_logit_softcap)
