@@ -27,7 +27,8 @@ class _Run:
   def __init__(self, p_true):
     self.p_true, self.calls = p_true, []
 
-  def rollout(self, params, sampling, split, ids, key, version, rows, temperature=None):
+  def rollout(self, params, sampling, split, ids, key, version, rows, temperature=None,
+              weights=None):
     self.calls.append((split, len(ids), rows, temperature))
     outcome = host_rng(key).random(len(ids)) < self.p_true[ids]
     return _Rollout(np.asarray(ids), np.full(len(ids), version),
@@ -59,7 +60,7 @@ def test_collect_keeps_the_allocated_rollouts_group_by_group(allocation):
   stage = _stage(allocation)
   prompts = rl.PromptSource(stage.signal_cfg, np.zeros(40, int), position=10)
   history = signal.update_history(signal.init_history(40), np.arange(40), p_true * 8, 8)
-  got = rl.collect(run, stage, ({}, 7), prompts, history, jax.random.key(1), step=0, tau=1.0)
+  got = rl.collect(run, stage, ({}, 7), prompts, history, jax.random.key(1), step=0)
   sampled, batch, layout = got.sampled, got.batch, got.layout
   assert sampled.num_groups == layout.num_groups == 4
   # Every kept row is its group's prompt, with the outcome the allocator kept.
