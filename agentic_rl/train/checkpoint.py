@@ -47,6 +47,7 @@ import os
 import re
 import shutil
 import sys
+import time
 import traceback
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -176,6 +177,11 @@ class _OrbaxWriteFailureFilter(logging.Filter):
 
   def filter(self, record: logging.LogRecord) -> bool:
     exc = record.exc_info[1] if record.exc_info else None
+    if exc is None:  # some threads pass the exception as a message argument
+      args = record.args if isinstance(record.args, tuple) else ()
+      exc = next((a for a in args if isinstance(a, BaseException)), None)
+      if exc is not None and _write_errno(exc) is not None and _in_orbax(record.pathname):
+        return False
     if exc is None or _write_errno(exc) is None:
       return True
     frames = traceback.extract_tb(exc.__traceback__)
@@ -246,6 +252,7 @@ class Checkpointer:
     self._async = async_save
     self._unfinished: int | None = None  # step of an async save in flight
     self._failed = False  # a CheckpointWriteError was raised
+    self._failed_steps: set[int] = set()  # whose partial directories to remove
     _quiet_orbax_write_failures()
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=True, cleanup_tmp_directories=True,
@@ -270,11 +277,23 @@ class Checkpointer:
         raise
       self._failed = True
       if step is not None and jax.process_index() == 0:
-        for tmp in glob.glob(os.path.join(glob.escape(self.directory),
-                                          f"{step}{_TMP_SUFFIX}*")):
-          shutil.rmtree(tmp, ignore_errors=True)
+        self._failed_steps.add(step)
+        self._remove_partial()
       raise CheckpointWriteError(code, self._write_error_message(step, code),
                                  self.directory) from None
+
+  def _remove_partial(self) -> None:
+    """Removes the temporary directories of failed saves. Orbax's writer
+    threads may still be finishing one when the error arrives, so this
+    looks again until none is left (for up to a second)."""
+    for _ in range(20):
+      partial = [tmp for step in self._failed_steps for tmp in glob.glob(
+          os.path.join(glob.escape(self.directory), f"{step}{_TMP_SUFFIX}*"))]
+      if not partial:
+        return
+      for tmp in partial:
+        shutil.rmtree(tmp, ignore_errors=True)
+      time.sleep(0.05)
 
   def _write_error_message(self, step: int | None, code: int) -> str:
     what = "checkpoints" if step is None else f"checkpoint {step}"
@@ -414,6 +433,8 @@ class Checkpointer:
     except CheckpointWriteError:
       if step is not None or not reported:
         raise
+    finally:
+      self._remove_partial()
 
   def __enter__(self) -> Checkpointer:
     return self
