@@ -108,13 +108,7 @@ def attention(
       preferred_element_type=jnp.float32) * scale
   if softcap is not None:
     s_BxKxGxTxS = softcap * jnp.tanh(s_BxKxGxTxS / softcap)
-  m = mask_BxTxS[:, None, None]
-  s_BxKxGxTxS = jnp.where(m, s_BxKxGxTxS, -jnp.inf)
-  row_max = jnp.max(s_BxKxGxTxS, axis=-1, keepdims=True)
-  row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
-  p = jnp.where(m, jnp.exp(s_BxKxGxTxS - row_max), 0.0)
-  denom = jnp.sum(p, axis=-1, keepdims=True)
-  p = p / jnp.where(denom > 0, denom, 1.0)
+  p = masked_softmax(s_BxKxGxTxS, mask_BxTxS[:, None, None])
   out_BxKxGxTxD = jnp.einsum(f"bkgts,{kv}->bkgtd", p.astype(v_BxSxKxD.dtype),
                              v_BxSxKxD, preferred_element_type=jnp.float32)
   return out_BxKxGxTxD.transpose(0, 3, 1, 2, 4).reshape(B, T, H, D).astype(
@@ -197,3 +191,15 @@ def _logprobs_bwd(res, cts):
 
 
 _logprobs.defvjp(_logprobs_fwd, _logprobs_bwd, symbolic_zeros=True)
+
+
+def masked_softmax(s: jax.Array, mask: jax.Array) -> jax.Array:
+  """fp32 softmax of scores ``s`` over the last axis where ``mask`` (broadcast
+  to ``s``) is True, 0 elsewhere; a row with no True entry is all 0."""
+  s = jnp.where(mask, s, -jnp.inf)
+  row_max = jnp.max(s, axis=-1, keepdims=True)
+  row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+  p = jnp.where(mask, jnp.exp(s - row_max), 0.0)
+  denom = jnp.sum(p, axis=-1, keepdims=True)
+  return p / jnp.where(denom > 0, denom, 1.0)
+

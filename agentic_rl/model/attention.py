@@ -175,13 +175,7 @@ def _self_attention_fwd(q_BxTxHxD, k_BxTxKxD, v_BxTxKxD, mask_BxTxT, softcap):
   if softcap is not None:
     tanh = jnp.tanh(s_BxKxGxTxS / softcap)
     s_BxKxGxTxS = softcap * tanh
-  m = mask_BxTxT[:, None, None]
-  s_BxKxGxTxS = jnp.where(m, s_BxKxGxTxS, -jnp.inf)
-  row_max = jnp.max(s_BxKxGxTxS, axis=-1, keepdims=True)
-  row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
-  p = jnp.where(m, jnp.exp(s_BxKxGxTxS - row_max), 0.0)
-  denom = jnp.sum(p, axis=-1, keepdims=True)
-  p = p / jnp.where(denom > 0, denom, 1.0)
+  p = reference.masked_softmax(s_BxKxGxTxS, mask_BxTxT[:, None, None])
   o_BxKxGxTxD = jnp.einsum("bkgts,bskd->bkgtd", p.astype(v_BxTxKxD.dtype), v_BxTxKxD,
                            preferred_element_type=jnp.float32)
   out = o_BxKxGxTxD.transpose(0, 3, 1, 2, 4).reshape(B, T, H, D).astype(q_BxTxHxD.dtype)
