@@ -312,6 +312,27 @@ def test_unreported_async_failure_is_raised_by_close(tmp_path, full_disk):
     ckpt.close()
 
 
+def _record(pathname, exc):
+  return logging.LogRecord(
+      "absl", logging.ERROR, pathname, 387,
+      "[thread=%s] _SignalingThread.run() raised an exception: %s",
+      ("write_metadata_after_commits", exc), None)
+
+
+def test_log_filter_drops_only_orbax_reports_of_a_failed_write():
+  orbax_file = os.path.join(os.path.dirname(ocp.__file__), "_src", "future.py")
+  vanished = ValueError(
+      'NOT_FOUND: Error writing "w/0" in OCDBT database at local file '
+      '"/ckpt/2.orbax-checkpoint-tmp/state/ocdbt.process_0/"')
+  full = ValueError("... No space left on device [os_error_code='28']")
+  other = ValueError("shape mismatch")
+  keep = checkpoint_lib._OrbaxWriteFailureFilter().filter
+  assert not keep(_record(orbax_file, vanished))
+  assert not keep(_record(orbax_file, full))
+  assert keep(_record(orbax_file, other))
+  assert keep(_record(__file__, vanished))  # not logged by orbax
+
+
 def test_other_errors_are_not_disguised(tmp_path, monkeypatch):
   async def broken(self, x, directory):
     raise RuntimeError("a bug, not a disk")

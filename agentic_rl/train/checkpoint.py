@@ -172,7 +172,9 @@ class _OrbaxWriteFailureFilter(logging.Filter):
   and the finaliser) logs the same error with its traceback, and asyncio
   logs "Task exception was never retrieved" for each write task left behind:
   hundreds of lines for one full disk, which :class:`Checkpointer` raises
-  once instead.
+  once instead.  Once a write has failed, the threads still running report
+  the temporary directory vanishing under them (``NOT_FOUND`` on a path in
+  ``<step>.orbax-checkpoint-tmp``, no OS error code): dropped too.
   """
 
   def filter(self, record: logging.LogRecord) -> bool:
@@ -180,13 +182,13 @@ class _OrbaxWriteFailureFilter(logging.Filter):
     if exc is None:  # some threads pass the exception as a message argument
       args = record.args if isinstance(record.args, tuple) else ()
       exc = next((a for a in args if isinstance(a, BaseException)), None)
-      if exc is not None and _write_errno(exc) is not None and _in_orbax(record.pathname):
-        return False
-    if exc is None or _write_errno(exc) is None:
+    if exc is None:
       return True
     frames = traceback.extract_tb(exc.__traceback__)
-    return not (_in_orbax(record.pathname)
-                or any(_in_orbax(f.filename) for f in frames))
+    from_orbax = (_in_orbax(record.pathname)
+                  or any(_in_orbax(f.filename) for f in frames))
+    failed_write = _write_errno(exc) is not None or _TMP_SUFFIX in str(exc)
+    return not (from_orbax and failed_write)
 
 
 def _unraisable_filter(previous):
