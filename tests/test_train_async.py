@@ -6,6 +6,7 @@ import os
 import threading
 import time
 
+import numpy as np
 
 from agentic_rl.envs import text_games
 from agentic_rl.train import loop
@@ -14,13 +15,27 @@ from agentic_rl.train import rl
 from experiments.configs import default
 
 
+SPANS = []  # (name, thread, start, end) of the spied calls
+
+
 class SlowGuess(text_games.GuessNumber):
   """The example game with a slow start (0.1 s a reset): a batch of
   rollouts takes longer than an update of the tiny policy."""
 
   def reset(self, seed):
+    t0 = time.monotonic()
     time.sleep(0.1)
+    SPANS.append(("reset", threading.current_thread().name, t0, time.monotonic()))
     return super().reset(seed)
+
+
+class SlowSteps(text_games.GuessNumber):
+  """The example game whose every guess takes 0.05 s: episodes outlast an
+  update of the tiny policy (partial rollouts)."""
+
+  def step(self, action):
+    time.sleep(0.05)
+    return super().step(action)
 
 
 def _async_cfg(iterations=4, staleness=1, **tasks):
@@ -37,28 +52,36 @@ def _async_cfg(iterations=4, staleness=1, **tasks):
 
 
 def _spy(monkeypatch):
-  """Records (thread, start, end) of every collect and update, and the
-  prompts of every batch the learner consumes."""
-  spans, consumed = [], []
+  """Records (name, thread, start, end) of every update and environment
+  reset, and every batch the learner consumes."""
+  SPANS.clear()
+  consumed = []
 
   def timed(name, fn):
     def wrapped(*args, **kwargs):
       t0 = time.monotonic()
       out = fn(*args, **kwargs)
-      spans.append((name, threading.current_thread().name, t0, time.monotonic()))
+      SPANS.append((name, threading.current_thread().name, t0, time.monotonic()))
       return out
     return wrapped
 
   original_iteration = rl.rl_iteration
 
   def iteration(run, stage, state, collected, controls):
-    consumed.append(collected.sampled.prompt_ids.tolist())
+    consumed.append(collected)
     return original_iteration(run, stage, state, collected, controls)
 
-  monkeypatch.setattr(rl, "collect", timed("collect", rl.collect))
   monkeypatch.setattr(rl, "update", timed("update", rl.update))
   monkeypatch.setattr(rl, "rl_iteration", iteration)
-  return spans, consumed
+  return SPANS, consumed
+
+
+def _positions(consumed, train_size):
+  """The data positions of the consumed groups (prompt ids are positions
+  modulo the pool, which these runs do not wrap)."""
+  ids = [p for c in consumed for p in c.sampled.prompt_ids.tolist()]
+  assert max(ids) < train_size
+  return ids
 
 
 def test_the_actor_overlaps_the_learner_within_the_staleness_bound(tmp_path, monkeypatch):
@@ -67,33 +90,78 @@ def test_the_actor_overlaps_the_learner_within_the_staleness_bound(tmp_path, mon
   summary = loop.train(cfg, str(tmp_path))
   records = metrics_lib.read_metrics(os.path.join(str(tmp_path), "metrics.jsonl"))
   assert summary["steps"] == 4 and "rl_discarded_batches" not in summary
-  collects = [s for s in spans if s[0] == "collect"]
+  # The actor's environment calls (not the evaluation's, on the main thread).
+  resets = [s for s in spans if s[0] == "reset" and s[1] != "MainThread"]
   updates = [s for s in spans if s[0] == "update"]
-  assert {s[1] for s in collects} == {"actor"} and {s[1] for s in updates} == {"MainThread"}
-  assert len(collects) == 4 and len(updates) == 4
+  assert resets and {s[1] for s in updates} == {"MainThread"}
+  assert len(updates) == 4
   # Both make progress in the same wall-clock window.
-  assert any(c0 < u1 and u0 < c1 for _, _, c0, c1 in collects for _, _, u0, u1 in updates)
+  assert any(c0 < u1 and u0 < c1 for _, _, c0, c1 in resets for _, _, u0, u1 in updates)
   for r in records:
     assert r["shift/staleness_max"] <= 1 and r["shift/stale_dropped_frac"] == 0
     assert 0 <= r["perf/actor_idle_frac"] <= 1
+    assert "shift/replayed_episodes" in r
   assert max(r["shift/staleness_max"] for r in records) == 1  # it did run ahead
+  # Every token within the bound of the learner step that consumed it.
+  for k, c in enumerate(consumed):
+    mask = c.batch.loss_mask_BxT > 0
+    assert c.batch.version_BxT[mask].min() >= k - 1
+  ids = _positions(consumed, cfg.tasks.train_size)
+  assert len(ids) == len(set(ids)) == 4 * cfg.rl.prompts_per_step
+
+
+def test_strict_fifo_takes_groups_in_launch_order(tmp_path, monkeypatch):
+  _, consumed = _spy(monkeypatch)
+  cfg = _async_cfg(iterations=3, staleness=2, env_workers=4)
+  cfg.rl.shift.fifo_window_ratio = 1.0  # W = P: the oldest groups only
+  loop.train(cfg, str(tmp_path))
   P = cfg.rl.prompts_per_step
-  assert consumed == [list(range(k * P, (k + 1) * P)) for k in range(4)]
+  assert _positions(consumed, cfg.tasks.train_size) == list(range(3 * P))
 
 
-def test_an_interrupted_async_run_resumes_without_losing_or_repeating_a_batch(
+def test_an_interrupted_async_run_resumes_without_losing_or_repeating_a_group(
     tmp_path, monkeypatch):
   _, consumed = _spy(monkeypatch)
-  cfg = _async_cfg(iterations=5, staleness=2)
+  cfg = _async_cfg(iterations=5, staleness=2, env_workers=3)
+  cfg.rl.shift.fifo_window_ratio = 2.0
   cfg.checkpoint.every = 100
   first = loop.train(cfg, str(tmp_path), stop_after=2)
   assert first["stopped"] == "stop_after"
   second = loop.train(cfg, str(tmp_path))
   assert second["steps"] == 5
+  ids = _positions(consumed, cfg.tasks.train_size)
   P = cfg.rl.prompts_per_step
-  assert consumed == [list(range(k * P, (k + 1) * P)) for k in range(5)]
+  assert len(ids) == len(set(ids)) == 5 * P  # none repeated
+  # Out of order by at most the window: nothing older than it is skipped.
+  assert set(range(max(ids) + 1 - 2 * 2 * P)) <= set(ids)
   records = metrics_lib.read_metrics(os.path.join(str(tmp_path), "metrics.jsonl"))
   assert [r["step"] for r in records] == list(range(5))
+
+
+def test_partial_rollouts_across_updates_are_kept_or_restarted(tmp_path, monkeypatch):
+  """Slow guesses after a warm start: episodes outlast updates. With "keep"
+  they continue under the new weights, each token recording its version;
+  with "restart" each is replayed under the newest and made by one."""
+  multi = {}
+  for mode in ("keep", "restart"):
+    _, consumed = _spy(monkeypatch)
+    cfg = _async_cfg(iterations=6, staleness=1, env_workers=2,
+                     host_env=f"{__name__}:SlowSteps")
+    cfg.stages = ("sft", "rl")
+    cfg.sft.update(steps=30, num_demos=64, batch_size=16)
+    cfg.rl.shift.partial_rollout = mode
+    workdir = os.path.join(str(tmp_path), mode)
+    loop.train(cfg, workdir)
+    multi[mode] = 0
+    for k, c in enumerate(consumed):
+      for mask, version in zip(c.batch.loss_mask_BxT > 0, c.batch.version_BxT):
+        v = version[mask]
+        assert (np.diff(v) >= 0).all() and (v >= k - 1).all()  # in order, within bound
+        multi[mode] += len(set(v.tolist())) > 1
+    records = metrics_lib.read_metrics(os.path.join(workdir, "metrics.jsonl"))
+    replayed = sum(r.get("shift/replayed_episodes", 0) for r in records)
+  assert multi["keep"] > 0
+  assert multi["restart"] == 0 and replayed > 0
 
 
 def test_the_async_actor_on_the_jitted_families(tmp_path):

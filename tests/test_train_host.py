@@ -125,10 +125,12 @@ class NotAnEnv:
   pass
 
 
-def test_a_gem_game_trains_where_gem_is_installed(tmp_path):
+@pytest.mark.parametrize("actor", ["sync", "async"])
+def test_a_gem_game_trains_where_gem_is_installed(tmp_path, actor):
   pytest.importorskip("gem", reason="GEM (pip install gem-llm==0.1.0) is optional")
   cfg = _host_cfg(host_env="gem:game:GuessTheNumber-v0-easy", stages=("rl",))
   cfg.sampling.max_total_tokens = 1024
+  cfg.rl.actor = actor
   summary, records = _records(cfg, tmp_path)
   assert summary["steps"] == cfg.rl.iterations
   assert all(k in records[-1] for k in INVARIANT_KEYS)

@@ -5,7 +5,7 @@ from agentic_rl.invariants.shift.monitors import mismatch_metrics
 from agentic_rl.rollout.consistency import learner_logprobs
 from agentic_rl.rollout.engine import RolloutEngine
 from agentic_rl.envs.gem import GemEnv
-from agentic_rl.rollout.host import HostLoop, TextEnv
+from agentic_rl.rollout.host import Episode, HostLoop, TextEnv
 from agentic_rl.rollout.sampling import (SamplingConfig, entropy_of,
                                          sample_tokens, sampling_log_probs)
 from agentic_rl.rollout.types import (EPISODE_STATUS, FAILED_STATUS, Rollout, RolloutState,
@@ -15,6 +15,7 @@ from agentic_rl.rollout.workers import EnvWorkers, Outcome
 __all__ = [
     "EPISODE_STATUS",
     "EnvWorkers",
+    "Episode",
     "FAILED_STATUS",
     "GemEnv",
     "HostLoop",

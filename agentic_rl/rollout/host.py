@@ -16,6 +16,11 @@ turn only feeds the new observation tokens and the policy's new tokens.
 The environment alone decides when an episode is over; turn, per-turn and
 total token limits truncate it.
 
+:meth:`HostLoop.run` plays one episode per row; :meth:`HostLoop.play`
+batches continuously: a stream of episodes on the B rows, each row taking
+the next episode as soon as its own ends, environment calls running while
+the other rows decode (``chunk_steps`` tokens per jitted segment).
+
 Environments step concurrently (``env_workers`` threads, each call limited
 to ``env_timeout_s``; :mod:`agentic_rl.rollout.workers`), and one that
 misbehaves ends only its own episode, truncated with a reason in
@@ -27,17 +32,19 @@ codec's framing strings reaches the policy as plain text
 clipped to it (``obs_overflow="clip"``, counted in ``obs_clipped_B``) or
 ends the episode ("obs_overflow", the default).
 
-An optional ``actor(row, observation) -> action_text`` scripts the policy:
+An optional ``actor(tag, observation) -> action_text`` scripts the policy:
 its actions are forced as policy tokens (loss mask 1, log-probs recorded)
 instead of sampled. Each action must end with exactly one stop id.
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import math
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -64,6 +71,18 @@ class TextEnv(Protocol):
 
   def step(self, action: str) -> tuple[str, float, bool]:
     ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Episode:
+  """One episode for :meth:`HostLoop.play`: ``env.reset(seed)`` starts it,
+  ``key`` (a typed PRNG key) draws its tokens, ``tag`` is the caller's name
+  for it."""
+
+  env: TextEnv
+  seed: int
+  key: jax.Array
+  tag: Any = None
 
 
 class HostLoop:
@@ -102,102 +121,201 @@ class HostLoop:
     self.system_prompt = system_prompt
     self.workers = EnvWorkers(env_workers, env_timeout_s)
     options = model_lib.compiler_options()
-    self._prefill = jax.jit(self._prefill_impl, compiler_options=options)
+    self._prefill = jax.jit(self._prefill_impl, donate_argnums=(2,),
+                            compiler_options=options)
     self._segment = jax.jit(self._segment_impl, donate_argnums=(2,),
                             compiler_options=options)
 
   def run(self, params, envs: Sequence[TextEnv], seeds: Sequence[int], key,
           version, *, actor: Actor | None = None,
-          weights: Callable[[], tuple] | None = None) -> Rollout:
+          weights: Callable[[], tuple] | None = None,
+          stale: Callable[[Any, int], bool] | None = None) -> Rollout:
     """Plays one episode per environment; returns the batch as a Rollout.
 
     ``weights() -> (params, version)``, when given, is asked before every
     jitted segment: when the version changed, the KV cache is rebuilt from
     the tokens so far under the new parameters and the episodes continue
-    under them (partial rollouts; each token records its version).
+    under them (partial rollouts; each token records its version), or are
+    replayed from their start where ``stale`` says so (see :meth:`play`).
 
     ``reward_B`` sums the environment's step rewards; ``reward_components``
     is empty (the text protocol has none) and ``call_hashes_BxC`` holds a
     hash of each step's action (its token ids), so the exploration monitors
     count distinct action sequences.
     """
-    B, T = self.batch_size, self.sampling.max_total_tokens
-    check_version(version)
+    B = self.batch_size
     if len(envs) != B or len(seeds) != B:
       raise ValueError(f"need {B} environments and seeds, got {len(envs)} and "
                        f"{len(seeds)}")
-    status = np.zeros(B, np.int32)
-    first_obs = []
-    for b, out in enumerate(self.workers.map(
-        [lambda env=env, seed=seed: env.reset(int(seed)) for env, seed in zip(envs, seeds)])):
-      if out.ok and not isinstance(out.value, str):
-        out = Outcome(error=TypeError(f"reset must return str, got {type(out.value).__name__}"))
-      status[b] = _failure(out)
-      first_obs.append(out.value if not status[b] else "")
-    prompts = []
-    for b, obs in enumerate(first_obs):
-      prompt = self.codec.encode_prompt(self._prompt_messages(obs), escape=True)
-      if len(prompt) >= T:  # no room to act: the episode ends before it starts
-        status[b] = _STATUS["obs_overflow"]
-        prompt = self.codec.encode_prompt(self._prompt_messages(""))
-        if len(prompt) >= T:
-          raise ValueError(f"a prompt of {len(prompt)} tokens (the system prompt and "
-                           f"framing) does not fit in the KV cache of max_total_tokens={T}")
-      prompts.append(prompt)
-    script_width = self.sampling.max_new_tokens_per_turn
-    state = new_state(
-        jnp.asarray(pad_batch(prompts, T, self.ids.pad)),
-        jnp.asarray([len(p) for p in prompts], jnp.int32), check_key(key), max_len=T,
-        max_turns=self.sampling.max_turns, pad_id=self.ids.pad,
-        queue_width=self.max_obs_tokens + 2,
-        script_BxS=jnp.zeros((B, script_width), jnp.int32),
-        script_len_B=jnp.zeros((B,), jnp.int32), reward_components={},
-        env_state=None)
-    host = jax.tree.map(np.array, state)
-    host.status_B[:] = status
-    host.truncated_B[:] = status != 0
-    if actor is not None:
-      for b in np.flatnonzero(status == 0):
-        self._script(host, b, actor(b, first_obs[b]))
-    state = jax.tree.map(jnp.asarray, host)
-    cache = self._prefill(params, state.tokens_BxT)
+    keys = jax.random.split(check_key(key), B)
+    todo = collections.deque(Episode(env, int(seed), keys[b], b)
+                             for b, (env, seed) in enumerate(zip(envs, seeds)))
+    rows: dict[int, Rollout] = {}
+    check_version(version)
+    fixed = (params, int(version))
+    self.play(weights or (lambda: fixed), lambda: todo.popleft() if todo else None,
+              rows.__setitem__, actor=actor, stale=stale)
+    return jax.tree.map(lambda *xs: np.concatenate(xs), *(rows[b] for b in range(B)))
+
+  def play(self, weights: Callable[[], tuple], next_episode: Callable[[], Episode | None],
+           finished: Callable[[Any, Rollout], None], *, actor: Actor | None = None,
+           chunk_steps: int | None = None,
+           stale: Callable[[Any, int], bool] | None = None,
+           stop: Callable[[], bool] | None = None) -> None:
+    """Plays episodes on the loop's B rows with continuous batching.
+
+    A row whose episode ends hands it to ``finished(tag, rollout)`` (a
+    one-row :class:`Rollout` of numpy arrays) and takes ``next_episode()``
+    at once, without waiting for the other rows; environment calls run on
+    the workers while the other rows decode. Returns when every row is
+    free and ``next_episode`` gives None, or when ``stop()`` says so (the
+    episodes in flight are dropped). A row's tokens depend only on its
+    episode (seed, key, environment) and the weights, not on the other rows
+    or on when its environment answered.
+
+    Args:
+      weights: ``() -> (params, version)``, asked before every jitted
+        segment; on a new version the KV cache is rebuilt under the new
+        parameters and the episodes continue (partial rollouts). It may
+        block (an asynchronous actor waits for fresh weights there).
+      next_episode: the next :class:`Episode` to play, or None for none now.
+      finished: receives each ended episode.
+      actor: scripts the policy: ``actor(tag, observation) -> action``.
+      chunk_steps: token steps per jitted segment, after which finished
+        environment calls are applied and ended rows refilled; None runs a
+        segment until every live row awaits its environment.
+      stale: ``stale(tag, oldest_version) -> bool``, asked before every
+        segment for each running episode with policy tokens (the version of
+        its oldest one): True replays it from its reset (same seed and key)
+        under the current weights.
+      stop: ``() -> bool``, asked before every segment.
+    """
+    B = self.batch_size
+    if self.workers.pending:
+      raise RuntimeError("a HostLoop plays one set of episodes at a time")
+    params, version = weights()
     version = check_version(version)
-    while True:
-      if weights is not None:
+    host = self._new_rows([[self.ids.pad]] * B, jax.random.split(jax.random.key(0), B))
+    host.truncated_B[:] = True  # a free row is an ended one
+    episodes: list[Episode | None] = [None] * B
+    calling_B = np.zeros(B, bool)  # an environment call of the row is running
+    prefill_B = np.zeros(B, bool)  # the row's cache must be rebuilt
+    cache = model_lib.init_cache(self.model_config, B, self.sampling.max_total_tokens)
+
+    def call(b, kind, fn):
+      calling_B[b] = True
+      self.workers.submit((b, kind), fn)
+
+    def begin(b, episode):
+      host.awaiting_B[b], host.truncated_B[b], host.done_B[b] = True, False, False
+      episodes[b] = episode
+      call(b, "reset", lambda env=episode.env, seed=episode.seed: env.reset(int(seed)))
+
+    try:
+      while stop is None or not stop():
+        for b in np.flatnonzero(host.ended_B & ~calling_B):
+          if episodes[b] is not None:
+            finished(episodes[b].tag, self._row(host, b))
+            episodes[b] = None
+        for b in np.flatnonzero(host.ended_B & ~calling_B):
+          if (episode := next_episode()) is None:
+            break
+          begin(b, episode)
+        if not calling_B.any() and host.ended_B.all():
+          return
+        live = ~host.ended_B & ~host.awaiting_B
+        for (b, kind), out in self.workers.results(block=not live.any()):
+          calling_B[b] = False
+          if kind == "reset":
+            prefill_B[b] = self._start(host, b, episodes[b], out, actor)
+          else:
+            self._env_step(host, b, self._action_ids(host, b), _checked_step(out), actor,
+                           episodes[b].tag)
+        live = ~host.ended_B & ~host.awaiting_B
+        if stale is not None:
+          for b in np.flatnonzero(live & (host.loss_mask_BxT.max(axis=1) > 0)):
+            if stale(episodes[b].tag, int(host.version_BxT[b][host.loss_mask_BxT[b] > 0].min())):
+              begin(b, episodes[b])
+          live = ~host.ended_B & ~host.awaiting_B
+        if not live.any():
+          continue
         new_params, new_version = weights()
         if int(new_version) != int(version):
           params, version = new_params, check_version(new_version)
-          cache = self._prefill(params, state.tokens_BxT)
-      state, cache = self._segment(params, state, cache, version)
-      host = jax.tree.map(np.array, state)
-      rows = np.flatnonzero(host.awaiting_B)
-      actions = {b: self._action_ids(host, b) for b in rows}
-      outcomes = self.workers.map(
-          [lambda env=envs[b], text=self.codec.tokenizer.decode(actions[b]): env.step(text)
-           for b in rows])
-      for b, out in zip(rows, outcomes):
-        self._env_step(host, b, actions[b], _checked_step(out), actor)
-      state = jax.tree.map(jnp.asarray, host)
-      if host.ended_B.all():
-        return state.to_rollout()
+          prefill_B[:] = True
+        state = jax.tree.map(jnp.asarray, host)
+        if prefill_B.any():
+          cache = self._prefill(params, state.tokens_BxT, cache, jnp.asarray(prefill_B))
+          prefill_B[:] = False
+        steps = self.sampling.max_total_tokens if chunk_steps is None else chunk_steps
+        state, cache = self._segment(params, state, cache, version, jnp.int32(steps))
+        host = jax.tree.map(np.array, state)
+        for b in np.flatnonzero(host.awaiting_B & ~calling_B):
+          action = self.codec.tokenizer.decode(self._action_ids(host, b))
+          call(b, "step", lambda env=episodes[b].env, text=action: env.step(text))
+    finally:
+      self.workers.abandon()
 
   # ------------------------------------------------------------------ device
-  def _prefill_impl(self, params, tokens_BxT):
-    cache = model_lib.init_cache(self.model_config, self.batch_size,
-                                 self.sampling.max_total_tokens)
-    _, cache = model_lib.prefill(params, tokens_BxT, cache, self.model_config)
-    return cache
+  def _prefill_impl(self, params, tokens_BxT, cache, rows_B):
+    """The cache with rows ``rows_B`` rebuilt from their tokens."""
+    new = model_lib.init_cache(self.model_config, self.batch_size,
+                               self.sampling.max_total_tokens)
+    _, new = model_lib.prefill(params, tokens_BxT, new, self.model_config)
+    return jax.tree.map(lambda n, o: jnp.where(rows_B[:, None, None, None], n, o), new, cache)
 
-  def _segment_impl(self, params, state, cache, version):
+  def _segment_impl(self, params, state, cache, version, max_steps):
     def await_env(s, stop_B, token_B):
       del token_B
       return s.replace(awaiting_B=s.awaiting_B | stop_B)
-    return run_loop(params, state, cache, version,
-                    jnp.int32(self.sampling.max_total_tokens),
+    return run_loop(params, state, cache, version, max_steps,
                     model_config=self.model_config, sampling=self.sampling,
                     ids=self.ids, on_stop=await_env)
 
   # -------------------------------------------------------------------- host
+  def _new_rows(self, prompts: Sequence[Sequence[int]], keys) -> RolloutState:
+    """numpy state of ``len(prompts)`` rows with their prompts written and
+    PRNG keys ``keys`` (typed, ``[n]``)."""
+    T, n = self.sampling.max_total_tokens, len(prompts)
+    state = new_state(
+        jnp.asarray(pad_batch(prompts, T, self.ids.pad)),
+        jnp.asarray([len(p) for p in prompts], jnp.int32), jax.random.key(0), max_len=T,
+        max_turns=self.sampling.max_turns, pad_id=self.ids.pad,
+        queue_width=self.max_obs_tokens + 2,
+        script_BxS=jnp.zeros((n, self.sampling.max_new_tokens_per_turn), jnp.int32),
+        script_len_B=jnp.zeros((n,), jnp.int32), reward_components={}, env_state=None)
+    return jax.tree.map(np.array, state.replace(key_B=jax.random.key_data(keys)))
+
+  def _start(self, s: RolloutState, b: int, episode: Episode, out: Outcome,
+             actor: Actor | None) -> bool:
+    """Writes row b's new episode after its ``reset`` (numpy state, in
+    place); True when it runs (its cache must be built)."""
+    if out.ok and not isinstance(out.value, str):
+      out = Outcome(error=TypeError(f"reset must return str, got {type(out.value).__name__}"))
+    status = _failure(out)
+    obs = "" if status else out.value
+    prompt = self.codec.encode_prompt(self._prompt_messages(obs), escape=True)
+    T = self.sampling.max_total_tokens
+    if len(prompt) >= T:  # no room to act: the episode ends before it starts
+      status = _STATUS["obs_overflow"]
+      prompt = self.codec.encode_prompt(self._prompt_messages(""))
+      if len(prompt) >= T:
+        raise ValueError(f"a prompt of {len(prompt)} tokens (the system prompt and "
+                         f"framing) does not fit in the KV cache of max_total_tokens={T}")
+    row = self._new_rows([prompt], episode.key[None])
+    for name, value in vars(row).items():
+      if isinstance(value, np.ndarray):
+        getattr(s, name)[b] = value[0]
+    s.status_B[b], s.truncated_B[b] = status, status != 0
+    if status:
+      return False
+    if actor is not None:
+      self._script(s, b, actor(episode.tag, obs))
+    return True
+
+  def _row(self, s: RolloutState, b: int) -> Rollout:
+    return jax.tree.map(np.asarray, jax.tree.map(lambda x: x[b:b + 1].copy(), s).to_rollout())
+
   def _prompt_messages(self, observation: str) -> list[Message]:
     system = [Message("system", self.system_prompt)] if self.system_prompt else []
     return system + [Message("user", observation)]
@@ -207,7 +325,7 @@ class HostLoop:
     return s.tokens_BxT[b, cur + 1 - seg:cur + 1]
 
   def _env_step(self, s: RolloutState, b: int, action_ids: np.ndarray, out: Outcome,
-                actor: Actor | None):
+                actor: Actor | None, tag: Any):
     """Applies row b's environment step ``out`` (numpy state, in place)."""
     T = s.tokens_BxT.shape[1]
     cur = int(s.cur_B[b])
@@ -247,7 +365,7 @@ class HostLoop:
     s.queue_len_B[b] = int(framed_len)
     s.queue_pos_B[b] = 0
     if actor is not None:
-      self._script(s, b, actor(b, obs))
+      self._script(s, b, actor(tag, obs))
 
   def _script(self, s: RolloutState, b: int, action: str):
     ids = self.codec.tokenizer.encode(action)

@@ -12,7 +12,9 @@ to should be replaced.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -36,8 +38,12 @@ class Outcome:
 class EnvWorkers:
   """Runs calls concurrently on at most ``workers`` daemon threads.
 
-  ``workers=1`` without a timeout runs the calls in order on the calling
-  thread (exceptions still become outcomes).
+  :meth:`submit` queues a call under a caller's tag and :meth:`results`
+  returns the ``(tag, Outcome)`` of calls that have finished (or timed
+  out) since the last call, so a caller can go on while environments run;
+  :meth:`map` runs a list of calls and returns their outcomes in order.
+  ``workers=1`` without a timeout runs each call on the calling thread when
+  it is submitted (exceptions still become outcomes).
   """
 
   def __init__(self, workers: int = 1, timeout_s: float | None = None):
@@ -46,42 +52,93 @@ class EnvWorkers:
     if timeout_s is not None and not timeout_s > 0:
       raise ValueError(f"timeout_s must be > 0 or None, got {timeout_s!r}")
     self.workers, self.timeout_s = workers, timeout_s
+    self._inline = workers == 1 and timeout_s is None
+    self._cond = threading.Condition()
+    self._queued: collections.deque = collections.deque()  # (ticket, tag, call)
+    self._running: dict[int, tuple[Any, float]] = {}  # ticket -> (tag, start time)
+    self._done: list[tuple[Any, Outcome]] = []
+    self._tickets = itertools.count()
+
+  @property
+  def pending(self) -> int:
+    """Calls submitted whose outcome :meth:`results` has not returned."""
+    with self._cond:
+      return len(self._queued) + len(self._running) + len(self._done)
+
+  def submit(self, tag: Any, call: Callable[[], Any]) -> None:
+    """Queues ``call``; its outcome comes back from :meth:`results` as
+    ``(tag, outcome)``."""
+    if self._inline:
+      outcome = _run(call)
+      with self._cond:
+        self._done.append((tag, outcome))
+      return
+    with self._cond:
+      self._queued.append((next(self._tickets), tag, call))
+      self._start()
+
+  def results(self, block: bool = False) -> list[tuple[Any, Outcome]]:
+    """The outcomes of the calls finished since the last call, in the order
+    they finished; with ``block``, waits until there is at least one (or
+    nothing is pending)."""
+    with self._cond:
+      while True:
+        self._expire()
+        if self._done or not block or not (self._queued or self._running):
+          break
+        wait = None
+        if self.timeout_s is not None and self._running:
+          first = min(t0 for _, t0 in self._running.values())
+          wait = max(first + self.timeout_s - time.monotonic(), 0.0)
+        self._cond.wait(timeout=wait)
+      done, self._done = self._done, []
+      return done
 
   def map(self, calls: Sequence[Callable[[], Any]]) -> list[Outcome]:
-    """One outcome per call, in order."""
-    if self.workers == 1 and self.timeout_s is None:
-      return [_run(call) for call in calls]
-    n = len(calls)
-    out: list[Outcome | None] = [None] * n
-    started: dict[int, float] = {}  # running calls and when they started
-    cond = threading.Condition()
-
-    def target(i: int):
-      outcome = _run(calls[i])
-      with cond:
-        if out[i] is None:  # not abandoned
-          out[i] = outcome
-          started.pop(i, None)
-        cond.notify_all()
-
-    nxt = 0
-    with cond:
-      while nxt < n or started:
-        while nxt < n and len(started) < self.workers:
-          started[nxt] = time.monotonic()
-          threading.Thread(target=target, args=(nxt,), daemon=True).start()
-          nxt += 1
-        wait = None
-        if self.timeout_s is not None and started:
-          now = time.monotonic()
-          for i in [i for i, t0 in started.items() if now - t0 >= self.timeout_s]:
-            out[i] = Outcome(timed_out=True)
-            del started[i]
-          if started:
-            wait = min(t0 for t0 in started.values()) + self.timeout_s - now
-        if started and (wait is None or wait > 0):
-          cond.wait(timeout=wait)
+    """One outcome per call, in order (nothing else may be pending)."""
+    if self.pending:
+      raise RuntimeError("map needs idle workers; collect the submitted calls first")
+    for i, call in enumerate(calls):
+      self.submit(i, call)
+    out: list[Outcome | None] = [None] * len(calls)
+    while self.pending:
+      for i, outcome in self.results(block=True):
+        out[i] = outcome
     return out
+
+  def abandon(self) -> None:
+    """Forgets every queued, running and unreported call (a running one's
+    thread finishes on its own; its outcome is ignored)."""
+    with self._cond:
+      self._queued.clear()
+      self._running.clear()
+      self._done.clear()
+
+  # The methods below run with the condition held.
+  def _start(self) -> None:
+    while self._queued and len(self._running) < self.workers:
+      ticket, tag, call = self._queued.popleft()
+      self._running[ticket] = (tag, time.monotonic())
+      threading.Thread(target=self._target, args=(ticket, call), daemon=True).start()
+
+  def _target(self, ticket: int, call: Callable[[], Any]) -> None:
+    outcome = _run(call)
+    with self._cond:
+      if ticket in self._running:  # not abandoned after its time limit
+        tag, _ = self._running.pop(ticket)
+        self._done.append((tag, outcome))
+        self._start()
+      self._cond.notify_all()
+
+  def _expire(self) -> None:
+    if self.timeout_s is None:
+      return
+    now = time.monotonic()
+    for ticket, (tag, t0) in list(self._running.items()):
+      if now - t0 >= self.timeout_s:  # abandoned: its thread's result is ignored
+        del self._running[ticket]
+        self._done.append((tag, Outcome(timed_out=True)))
+    self._start()
 
 
 def _run(call: Callable[[], Any]) -> Outcome:

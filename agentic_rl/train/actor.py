@@ -18,9 +18,12 @@ learner updates (``max_staleness``, or the adaptive controller's,
   the actor waiting: batch k starts only once the learner has published
   the version that keeps every token of it within ``bound`` updates of the
   learner's step when it consumes the batch, so no batch is ever dropped
-  for staleness. On a stop or a resume the batches in flight are
-  discarded (``shift/discarded_batches``); the learner's data position
-  only counts consumed batches, so none is lost or repeated.
+  for staleness. On host environments with uniform allocation the actor
+  batches continuously (:class:`~agentic_rl.train.stream.HostStream`: rows
+  refilled as episodes end, groups collected by windowed FIFO). On a stop
+  or a resume the batches and episodes in flight are discarded
+  (``<stage>_discarded_batches`` in the summary); the learner's data
+  position only counts consumed groups, so none is lost or repeated.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import jax.numpy as jnp
 
 from agentic_rl.train import learner
 from agentic_rl.train import rl as rl_lib
+from agentic_rl.train.stream import HostStream
 
 ACTORS = ("sync", "async")
 
@@ -107,11 +111,15 @@ class AsyncActor:
     self.bound, self.controls = bound, controls
     self.first_step, self.first_version = first_step, int(state.step)
     self.end_step = end_step
+    # Host environments with uniform allocation are batched continuously;
+    # otherwise batch by batch.
+    self.streaming = run.host and rl.signal_cfg.allocation == "uniform"
     self._cond = threading.Condition()
     self._weights = (_copy(state.params), int(state.step))
     self._stop = False
     self._queue: queue.Queue = queue.Queue()
-    self._wait_s = self._busy_s = self._learner_wait_s = 0.0  # seconds
+    self._wait_s = self._learner_wait_s = 0.0  # seconds
+    self._t_start = time.perf_counter()
     self._thread = threading.Thread(target=self._loop, name="actor", daemon=True)
     self._thread.start()
 
@@ -120,31 +128,51 @@ class AsyncActor:
     with self._cond:
       return self._weights
 
+  def need(self, step: int) -> int:
+    """The oldest version batch ``step`` may hold: it is consumed when the
+    learner is ``(step - first_step) * U`` updates past its start, and every
+    token of it must be within ``bound`` of that."""
+    U = self.rl.updates_per_batch
+    return self.first_version + (step - self.first_step) * U - self.bound
+
+  def _wait(self, step: int) -> bool:
+    """Waits until the published weights may make batch ``step``; False on
+    stop."""
+    t0 = time.perf_counter()
+    with self._cond:
+      while not self._stop and self._weights[1] < self.need(step):
+        self._cond.wait(timeout=1.0)  # the bound may move meanwhile
+    self._wait_s += time.perf_counter() - t0
+    return not self._stop
+
   def _loop(self):
-    step = self.first_step
     try:
+      if self.streaming:
+        self._stream()
+        return
+      step = self.first_step
       while step < self.end_step:
-        # Batch `step` is consumed when the learner is at most
-        # (step - first_step) * U updates past its start; every token of it
-        # must be within `bound` of that.
-        U = self.rl.updates_per_batch
-        need = lambda: self.first_version + (step - self.first_step) * U - self.bound  # noqa: E731,B023
-        t0 = time.perf_counter()
-        with self._cond:
-          while not self._stop and self._weights[1] < need():
-            self._cond.wait(timeout=1.0)  # the bound may move meanwhile
-          if self._stop:
-            return
-        t1 = time.perf_counter()
-        collected = rl_lib.collect(self.run, self.rl, self.weights, self.prompts,
-                                   self.controls.history,
-                                   jax.random.fold_in(self.stage_key, step), step)
-        self._wait_s += t1 - t0
-        self._busy_s += time.perf_counter() - t1
-        self._queue.put(collected)
+        if not self._wait(step):
+          return
+        self._queue.put(rl_lib.collect(self.run, self.rl, self.weights, self.prompts,
+                                       self.controls.history,
+                                       jax.random.fold_in(self.stage_key, step), step))
         step += 1
     except BaseException as e:  # pylint: disable=broad-except
       self._queue.put(e)  # the learner re-raises it
+
+  def _stream(self):
+    """Continuous batching over host episodes (:mod:`agentic_rl.train.stream`)."""
+    stream = None
+
+    def weights():
+      self._wait(stream.step)
+      return self.weights()
+
+    stream = HostStream(self.run, self.rl, self.prompts, self.stage_key, weights, self.need,
+                        self._queue.put, first_step=self.first_step, end_step=self.end_step,
+                        history=lambda: self.controls.history, stop=lambda: self._stop)
+    stream.play()
 
   # ------------------------------------------------------------------ learner side
   def next(self, state: learner.TrainState, controls: rl_lib.Controls, step: int,
@@ -171,8 +199,8 @@ class AsyncActor:
     """The actor's idle fraction since the stage (or resume) started
     (waiting for weights), and the seconds the learner last waited for a
     batch."""
-    actor_total = max(self._wait_s + self._busy_s, 1e-9)
-    return {"perf/actor_idle_frac": self._wait_s / actor_total,
+    elapsed = max(time.perf_counter() - self._t_start, 1e-9)
+    return {"perf/actor_idle_frac": min(self._wait_s / elapsed, 1.0),
             "perf/learner_wait_s": self._learner_wait_s}
 
   def close(self) -> int:

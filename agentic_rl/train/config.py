@@ -145,7 +145,7 @@ def _validate_keyed_kwargs(name: str, stage) -> None:
            f"{', '.join(valid)} (e.g. --config.{name}.{key}.{stage[field]}.<name>=...)")
 
 
-def _validate_rl_stage(name: str, stage, model_cfg, levels) -> None:
+def _validate_rl_stage(name: str, stage, model_cfg, levels, host: bool) -> None:
   """The checks of one RL stage section; raises ValueError naming the fix."""
   for key in ("iterations", "updates_per_batch", "prompts_per_step", "group_size"):
     _check_positive(f"config.{name}.{key}", stage[key])
@@ -189,10 +189,13 @@ def _validate_rl_stage(name: str, stage, model_cfg, levels) -> None:
     _err(f"config.{name}.shift.partial_rollout={shift_cfg.partial_rollout!r} acts on partial "
          "rollouts, which only the asynchronous actor makes; set "
          f"--config.{name}.actor=async or keep partial_rollout='keep'")
-  if shift_cfg.fifo_window_ratio is not None:
+  if shift_cfg.fifo_window_ratio is not None and not (
+      actor == "async" and host and signal_cfg.allocation == "uniform"):
     _err(f"config.{name}.shift.fifo_window_ratio={shift_cfg.fifo_window_ratio!r}: windowed-FIFO "
-         "collection needs an actor that collects groups as they finish, which this trainer "
-         "does not have yet (its actors collect whole batches); keep fifo_window_ratio=None")
+         "collection is how the asynchronous actor collects groups as they finish, which it "
+         "does on host environments with uniform allocation (set --config.tasks.source=host, "
+         f"--config.{name}.actor=async, --config.{name}.signal.allocation=uniform) or keep "
+         "fifo_window_ratio=None")
   if actor == "async" and jax.process_count() > 1:
     _err(f"config.{name}.actor='async' runs the actor in a thread of one process; with "
          f"{jax.process_count()} processes use --config.{name}.actor=sync")
@@ -301,7 +304,7 @@ def _validate(cfg) -> None:
       rows = stage.batch_size
     else:
       try:
-        _validate_rl_stage(name, stage, model_cfg, levels)
+        _validate_rl_stage(name, stage, model_cfg, levels, cfg.tasks.source == "host")
       except objectives.UnknownHyperParameterError as e:
         _err(f"config.{name}: {e}. Set it under config.{name}.advantage_kwargs.<estimator>, "
              f"loss_kwargs.<loss> or correction_kwargs.<correction>")

@@ -53,6 +53,7 @@ class Progress:
   stage_step: int = 0
   global_step: int = 0
   data_pos: int = 0
+  data_skip: list[int] = dataclasses.field(default_factory=list)
   skipped_total: int = 0
   skipped_consecutive: int = 0
 
@@ -224,7 +225,7 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
               staleness=shift.init_staleness_bound(stage_rl.shift_cfg))
         prompts = rl.PromptSource(stage_rl.signal_cfg,
                                   run.tasks.difficulty_of(np.arange(cfg.tasks.train_size)),
-                                  progress.data_pos)
+                                  progress.data_pos, progress.data_skip)
         bands = stage_rl.signal_cfg.bands + stage_rl.shift_cfg.bands + stage_rl.explore_cfg.bands
         actor = actor_lib.make_actor(stage.actor, run, stage_rl, prompts, stage_key, state,
                                      progress.stage_step, controls, controls.staleness.bound,
@@ -238,7 +239,7 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
             actor.bound = controls.staleness.bound
             actor.updated(state)
             record.update(actor.stats())
-            progress.data_pos = collected.data_pos
+            progress.data_pos, progress.data_skip = collected.data_pos, list(collected.data_skip)
             last = progress.stage_step == n_steps - 1
             if (progress.stage_step + 1) % cfg.eval.every == 0 or last:
               record.update(evaluate(run, state.params,

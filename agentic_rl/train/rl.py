@@ -65,25 +65,35 @@ class Controls:
 class PromptSource:
   """The RL stage's training prompt ids; owns the position in the data.
 
-  In data order (``position`` advances by what is drawn), or prioritised by
-  each prompt's failure rate and/or restricted to the curriculum's current
-  difficulties (``signal.select_prompts``; the position stays).
+  In data order (``position`` advances by what is drawn, passing over the
+  positions in ``skip``: those an asynchronous actor's batches consumed
+  ahead of the position before a resume), or prioritised by each prompt's
+  failure rate and/or restricted to the curriculum's current difficulties
+  (``signal.select_prompts``; the position stays).
   """
 
   def __init__(self, signal_cfg: signal.SignalConfig, difficulty_N: np.ndarray,
-               position: int = 0):
+               position: int = 0, skip=()):
     self.signal_cfg = signal_cfg
     self.difficulty_N = np.asarray(difficulty_N)
     self.position = int(position)
+    self.skip = {int(p) for p in skip}
+    self.last_position = self.position - 1  # of the last prompt drawn
 
   def draw(self, num: int, key, *, history: signal.PromptHistory, step: int) -> np.ndarray:
     """int ``[num]`` prompt ids of the training pool."""
     if self.signal_cfg.prompt_sampling == "prioritised" or self.signal_cfg.curriculum:
       return signal.select_prompts(self.signal_cfg, history, num, key, step=step,
                                    difficulty_N=self.difficulty_N)
-    ids = (self.position + np.arange(num)) % len(self.difficulty_N)
-    self.position += num
-    return ids
+    positions = []
+    while len(positions) < num:
+      if self.position in self.skip:
+        self.skip.discard(self.position)
+      else:
+        positions.append(self.position)
+      self.position += 1
+    self.last_position = positions[-1] if positions else self.last_position
+    return np.asarray(positions, np.int64) % len(self.difficulty_N)
 
 
 @dataclasses.dataclass
@@ -183,6 +193,8 @@ class Collected:
     seconds: wall time of the rollouts.
     tau: the sampling temperature.
     data_pos: the prompt source's position after this batch's prompts.
+    data_skip: positions beyond ``data_pos`` already consumed (an
+      asynchronous actor's batches may take groups out of data order).
   """
 
   batch: Rollout
@@ -192,6 +204,7 @@ class Collected:
   seconds: float
   tau: float = 1.0
   data_pos: int = 0
+  data_skip: tuple[int, ...] = ()
 
 
 def collect(run: Run, rl: RLStage, actor, prompts: PromptSource,
@@ -228,7 +241,8 @@ def collect(run: Run, rl: RLStage, actor, prompts: PromptSource,
     greedy = run.rollout(params, rl.greedy_sampling, "train", sampled.prompt_ids,
                          jax.random.fold_in(key, 1), version, rl.rows)
   return Collected(sampled.rollouts, GroupLayout.of(sampled.group, sampled.num_groups),
-                   sampled, greedy, time.perf_counter() - t0, tau, prompts.position)
+                   sampled, greedy, time.perf_counter() - t0, tau, prompts.position,
+                   tuple(sorted(prompts.skip)))
 
 
 # ------------------------------------------------------------------ 2. shape rewards

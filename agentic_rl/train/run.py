@@ -30,7 +30,7 @@ from agentic_rl.invariants import exploration
 from agentic_rl.rollout.engine import RolloutEngine
 from agentic_rl.rollout.host import HostLoop
 from agentic_rl.rollout.sampling import SamplingConfig
-from agentic_rl.rollout.types import EPISODE_STATUS, Rollout
+from agentic_rl.rollout.types import EPISODE_STATUS, Rollout, select_rows
 from agentic_rl.text import codec as codec_lib
 from agentic_rl.text import load_tokenizer
 from agentic_rl.train import config as config_lib
@@ -70,24 +70,25 @@ class Run:
 
   def rollout(self, params, sampling: SamplingConfig, split: str, ids: np.ndarray, key,
               version: int, rows: int, temperature: float | None = None,
-              weights=None) -> Rollout:
+              weights=None, restart: bool = False) -> Rollout:
     """Episodes for prompts ``ids`` (repeats allowed), in fixed-size calls;
     ``temperature`` overrides ``sampling.temperature`` without recompiling.
 
     ``weights() -> (params, version)`` (an asynchronous actor's latest
     weights), when given, is asked again every turn's worth of tokens, and
-    running episodes continue under newer weights (partial rollouts)."""
+    running episodes continue under newer weights (partial rollouts), or
+    with ``restart`` start again under them."""
     parts = []
     for start in range(0, len(ids), rows):
       chunk = ids[start:start + rows]
       ro = self._rollout_rows(params, sampling, split, np.resize(chunk, rows),
                               jax.random.fold_in(key, start), version, temperature,
-                              weights=weights)
+                              weights=weights, restart=restart)
       parts.append(jax.tree.map(lambda x: np.asarray(x)[:len(chunk)], ro))
     return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
 
   def _rollout_rows(self, params, sampling, split, ids, key, version, temperature,
-                    actor=None, weights=None) -> Rollout:
+                    actor=None, weights=None, restart=False) -> Rollout:
     if not self.host:
       inst = self.tasks.instances(split, ids)
       prompts, lens = self.tasks.prompts(inst)
@@ -95,19 +96,34 @@ class Run:
       if weights is None:
         return engine.rollout(params, prompts, lens, inst, key, version,
                               temperature=temperature)
-      state = engine.init_state(prompts, lens, inst, key)
+      start = state = engine.init_state(prompts, lens, inst, key)
       while not bool(np.all(np.asarray(state.ended_B))):
-        params, version = weights()
+        new_params, new_version = weights()
+        if restart and new_version != version:  # unfinished episodes start again
+          state = select_rows(~state.ended_B, start, state)
+        params, version = new_params, new_version
         state = engine.resume(params, state, version, temperature=temperature,
                               max_steps=sampling.max_new_tokens_per_turn)
       return state.to_rollout()
     if temperature is not None:
       raise ValueError("host environments sample at the sampling config's temperature")
     loop, envs = self.host_loop(sampling, len(ids))
+    latest = [version]
+
+    def polled():
+      params, latest[0] = weights()
+      return params, latest[0]
+
     ro = loop.run(params, envs, self.tasks.seeds(split, ids), key, version, actor=actor,
-                  weights=weights)
+                  weights=polled if weights is not None else None,
+                  stale=(lambda tag, oldest: oldest < latest[0]) if restart else None)
     for b in np.flatnonzero(np.asarray(ro.status_B) == EPISODE_STATUS.index("env_timeout")):
       envs[b] = self.tasks.make()  # its call may still be running: never reuse it
+    return self.with_outcome(ro)
+
+  def with_outcome(self, ro: Rollout) -> Rollout:
+    """A host rollout with its success as ``reward_components["outcome"]``
+    (1.0 where the summed reward is above ``tasks.success_threshold``)."""
     outcome = np.asarray(ro.reward_B) > self.cfg.tasks.success_threshold
     return ro.replace(reward_components={"outcome": outcome.astype(np.float32)})
 

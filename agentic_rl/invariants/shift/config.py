@@ -15,7 +15,7 @@ from agentic_rl.invariants.alarms import Band, validate_bands
 from agentic_rl.invariants.checks import check_choice, check_float, check_int
 
 STALE_MODES = ("drop", "downweight")
-PARTIAL_ROLLOUT_MODES = ("keep", "mask")
+PARTIAL_ROLLOUT_MODES = ("keep", "mask", "restart")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,9 +32,11 @@ class ShiftConfig:
     partial_rollout: what happens to the segments of a partial rollout made by
       parameters older than the sequence's newest segment: ``mask`` (weight 0:
       train on the newest policy's tokens only, like Kimi k1.5 and slime's
-      ``--mask-offpolicy-in-partial-rollout``) or ``keep`` (they enter the
+      ``--mask-offpolicy-in-partial-rollout``), ``keep`` (they enter the
       loss; to correct them, set an ``ObjectiveConfig.correction``, whose
-      ratio uses each token's own behaviour log-prob).
+      ratio uses each token's own behaviour log-prob) or ``restart`` (the
+      actor replays every episode still running when new weights arrive
+      from its start, so each episode is made by one version).
     adaptive_staleness: let the staleness controller
       (``controllers.update_staleness_bound``) tighten the actor's bound
       below ``max_staleness`` while ``shift/kl_behaviour_learner`` is above
