@@ -53,6 +53,8 @@ setuptools.setup(
             "ipykernel",
         ],
         "gem": ["gem-llm==0.1.0"],
+        # Host environments as Ray actors (config.tasks.env_pool="ray").
+        "ray": ["ray"],
         # JAX's CUDA 13 plugin and libraries (~4.4 GB): runs on NVIDIA GPUs,
         # and compiles for one without it (experiments/aot_kernels.py).
         "cuda": ["jax[cuda13]"],

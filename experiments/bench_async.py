@@ -2,7 +2,8 @@ r"""Benchmark: the synchronous against the asynchronous actor on a slow,
 heavy-tailed Python environment, side by side.
 
   python -m experiments.bench_async --out runs/bench_async.json \
-      [--iterations 8] [--staleness 1,2,4] [--median_ms 20] [--sft_steps 30]
+      [--iterations 8] [--staleness 1,2,4] [--median_ms 20] [--sft_steps 30] \
+      [--actor_rows 64]
 
 The environment (:class:`LatencyGuess`) is the built-in guessing game whose
 every ``reset`` and ``step`` sleeps for a lognormal time (median
@@ -10,14 +11,18 @@ every ``reset`` and ``step`` sleeps for a lognormal time (median
 its episodes take 1 to 5 guesses. Each run trains the tiny config from the
 same seed: a short SFT warm start on the game's demonstrations (so the
 policy acts), then ``--iterations`` RL iterations with ``rl.actor=sync``
-and with ``rl.actor=async`` at each ``--staleness``, in one process.
+and with ``rl.actor=async`` at each ``--staleness``, in one process. A
+batch is 8 groups of 4 (32 episodes) in every run; the synchronous actor
+plays one batch at a time, the asynchronous one keeps ``--actor_rows``
+episodes in flight (continuous batching: a row takes the next episode as
+soon as its own ends).
 
-Per run, over the RL iterations after the first (compilation): learner-
-consumed tokens per second (the batches' valid tokens over the iterations'
-wall time), the learner's idle fraction (waiting for rollouts: the whole
-rollout time when synchronous), the actor's idle fraction (waiting for
-weights), the staleness of the consumed tokens (mean and max) and the
-behaviour/learner KL. ``speedup`` holds asynchronous over synchronous
+Per run, over the RL iterations between the first (compilation) and the
+last (the final evaluation): learner-consumed tokens per second (the
+batches' valid tokens over the iterations' wall time), the learner's idle
+fraction (waiting for rollouts: the whole rollout time when synchronous),
+the actor's idle fraction (waiting for weights), the staleness of the
+consumed tokens (mean and max) and the behaviour/learner KL. ``speedup`` holds asynchronous over synchronous
 learner-consumed tokens per second, keyed by staleness ("1", "2", "4").
 """
 
@@ -43,6 +48,9 @@ _ITERATIONS = flags.DEFINE_integer("iterations", 8, "RL iterations per run.")
 _STALENESS = flags.DEFINE_list("staleness", ["1", "2", "4"], "max_staleness of the async runs.")
 _MEDIAN_MS = flags.DEFINE_float("median_ms", 20.0, "Median latency of an environment call.")
 _SFT_STEPS = flags.DEFINE_integer("sft_steps", 30, "SFT warm-start steps.")
+_ACTOR_ROWS = flags.DEFINE_integer(
+    "actor_rows", 64, "Episodes the asynchronous actor keeps in flight (rl.actor_rows; a "
+    "batch is 32; the synchronous actor plays one batch at a time).")
 
 SIGMA = 1.288  # exp(2.326 * sigma) = 20: p99 / median of a lognormal
 
@@ -69,13 +77,15 @@ class LatencyGuess(text_games.GuessNumber):
     return super().step(action)
 
 
-def config(actor: str, staleness: int, iterations: int, median_ms: float, sft_steps: int):
+def config(actor: str, staleness: int, iterations: int, median_ms: float, sft_steps: int,
+           actor_rows: int = 0):
   cfg = default.get_config("tiny")
   cfg.tasks.update(source="host", host_env=f"{__name__}:LatencyGuess",
-                   host_kwargs=json.dumps({"median_s": median_ms / 1000}), env_workers=32)
+                   host_kwargs=json.dumps({"median_s": median_ms / 1000}),
+                   env_workers=max(32, actor_rows))
   cfg.sft.update(steps=sft_steps, num_demos=128, batch_size=16)
   cfg.rl.update(iterations=iterations, prompts_per_step=8, group_size=4, actor=actor,
-                max_staleness=staleness)
+                max_staleness=staleness, actor_rows=actor_rows)
   cfg.rl.signal.allocation = "uniform"
   cfg.eval.update(every=10_000, num_prompts=8, pass_k_prompts=4)
   cfg.checkpoint.every = 10_000
@@ -83,8 +93,9 @@ def config(actor: str, staleness: int, iterations: int, median_ms: float, sft_st
 
 
 def summarise(records: list[dict], rows: int) -> dict[str, float]:
-  """The RL iterations after the first: throughput, idle fractions, lag."""
-  rl = [r for r in records if "reward/outcome" in r][1:]
+  """The RL iterations after the first (compilation) and before the last
+  (the final evaluation): throughput, idle fractions, lag."""
+  rl = [r for r in records if "reward/outcome" in r and "eval/success" not in r][1:]
   wall = sum(r["perf/step_s"] for r in rl)
   tokens = sum(r["episode/length"] * rows for r in rl)
   rollout_s = sum(r["signal/rollouts"] * r["episode/length"] / r["perf/rollout_tokens_per_s"]
@@ -115,13 +126,14 @@ def main(argv):
   args = (_ITERATIONS.value, _MEDIAN_MS.value, _SFT_STEPS.value)
   runs = {"sync": run_one(config("sync", 0, *args))}
   for s in _STALENESS.value:
-    runs[f"async_{s}"] = run_one(config("async", int(s), *args))
+    runs[f"async_{s}"] = run_one(config("async", int(s), *args, actor_rows=_ACTOR_ROWS.value))
   base = runs["sync"]["learner_tokens_per_s"]
   result = {
       "runs": runs,
       "speedup": {s: runs[f"async_{s}"]["learner_tokens_per_s"] / base for s in _STALENESS.value},
       "config": {"iterations": _ITERATIONS.value, "median_ms": _MEDIAN_MS.value,
-                 "sigma": SIGMA, "sft_steps": _SFT_STEPS.value, "rows": 32},
+                 "sigma": SIGMA, "sft_steps": _SFT_STEPS.value, "rows": 32,
+                 "actor_rows": _ACTOR_ROWS.value},
       "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
   }
   os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)

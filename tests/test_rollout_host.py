@@ -348,3 +348,59 @@ def test_continuous_batching_plays_each_episode_as_alone(codec, model, loop):
     assert float(row.reward_B[0]) == pytest.approx(float(alone.reward_B[0]))
   assert _max_mismatch(params, config, jax.tree.map(
       lambda *x: np.concatenate(x), *done.values())) < 1e-5
+
+
+class AdderEnv:
+  """Offers one tool, add(a, b); the episode ends at an answer."""
+
+  tools = [{"name": "add", "description": "a + b",
+            "parameters": {"type": "object", "required": ["a", "b"],
+                           "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}]
+
+  def __init__(self):
+    self.calls, self.steps = [], []
+
+  def reset(self, seed):
+    return "add 2 and 3"
+
+  def call_tool(self, name, arguments):
+    self.calls.append((name, arguments))
+    return str(arguments["a"] + arguments["b"]), 0.0, False
+
+  def step(self, action):
+    self.steps.append(action)
+    return "", float("5" in action), True
+
+
+def test_tool_calls_are_parsed_by_the_codec_and_malformed_ones_answered(codec, model):
+  config, params = model
+  script = ['<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>',
+            '<tool_call>{"name": add}</tool_call>',
+            '<tool_call>{"name": "mul", "arguments": {}}</tool_call>',
+            '<tool_call>{"name": "add", "arguments": {"a": "2", "b": 3}}</tool_call>',
+            "<answer>5</answer>"]
+  seen = []
+
+  def actor(tag, obs):
+    seen.append(obs)
+    return script[len(seen) - 1]
+
+  sampling = rollout.SamplingConfig(max_new_tokens_per_turn=64, max_turns=10,
+                                    max_total_tokens=1024)
+  tool_loop = rollout.HostLoop(config, sampling, codec, batch_size=2, max_obs_tokens=96)
+  envs = [AdderEnv(), AdderEnv()]
+  out = tool_loop.run(params, envs, [0, 0], jax.random.key(0), 0,
+                 actor=lambda tag, obs: actor(tag, obs) if tag == 0 else "<answer>5</answer>")
+  assert envs[0].calls == [("add", {"a": 2, "b": 3})]  # only the well-formed call ran
+  assert envs[0].steps == ["<answer>5</answer>"]
+  assert seen[1] == "5"
+  assert seen[2].startswith("error: the tool call is not JSON")
+  assert seen[3] == "error: no tool 'mul'; tools: add"
+  assert seen[4] == "error: add: argument a must be integer, got '2'"
+  np.testing.assert_array_equal(out.num_tool_calls_B, [4, 0])
+  np.testing.assert_array_equal(out.num_tool_errors_B, [3, 0])
+  np.testing.assert_allclose(out.reward_B, [1.0, 1.0])
+  # The tools are offered in the system prompt.
+  prompt = codec.decode(np.asarray(out.tokens_BxT[0, :int(out.prompt_len_B[0])]))
+  assert prompt[0].role == "system" and "add(a: integer, b: integer): a + b" in prompt[0].content
+  assert _max_mismatch(params, config, out) < 1e-5

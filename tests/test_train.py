@@ -143,6 +143,8 @@ def test_resume_gives_the_same_metrics(straight, tmp_path):
     (lambda c: c.rl.shift.update(partial_rollout="mask"), "actor=async"),
     (lambda c: c.rl.shift.update(fifo_window_ratio=2.0), "windowed-FIFO"),
     (lambda c: setattr(c.rl, "actor", "threads"), "config.rl.actor"),
+    (lambda c: setattr(c.rl, "actor_rows", 64), "actor_rows=64 sets how many episodes"),
+    (lambda c: setattr(c.rl, "actor_rows", -1), "actor_rows must be an integer"),
     (lambda c: (setattr(c.rl, "advantage", "rloo"), c.rl.signal.update(allocation="ada")),
      "ada_global_stats=False"),
     (lambda c: setattr(c.sft, "steps", -1), "sft.steps"),

@@ -12,6 +12,7 @@ from agentic_rl.envs import text_games
 from agentic_rl.train import loop
 from agentic_rl.train import metrics as metrics_lib
 from agentic_rl.train import rl
+from agentic_rl.train import stream as stream_lib
 from experiments.configs import default
 
 
@@ -110,13 +111,30 @@ def test_the_actor_overlaps_the_learner_within_the_staleness_bound(tmp_path, mon
   assert len(ids) == len(set(ids)) == 4 * cfg.rl.prompts_per_step
 
 
-def test_strict_fifo_takes_groups_in_launch_order(tmp_path, monkeypatch):
+def test_windowed_fifo_bounds_how_far_a_group_is_overtaken(tmp_path, monkeypatch):
   _, consumed = _spy(monkeypatch)
+  rows = []
+  original = stream_lib.HostLoop
+
+  def host_loop(*args, **kwargs):
+    rows.append(kwargs["batch_size"])
+    return original(*args, **kwargs)
+
+  monkeypatch.setattr(stream_lib, "HostLoop", host_loop)
   cfg = _async_cfg(iterations=3, staleness=2, env_workers=4)
-  cfg.rl.shift.fifo_window_ratio = 1.0  # W = P: the oldest groups only
+  cfg.rl.shift.fifo_window_ratio = 1.0  # W = P
+  cfg.rl.actor_rows = 3 * cfg.rl.prompts_per_step * cfg.rl.group_size // 2
   loop.train(cfg, str(tmp_path))
-  P = cfg.rl.prompts_per_step
-  assert _positions(consumed, cfg.tasks.train_size) == list(range(3 * P))
+  assert rows == [cfg.rl.actor_rows]  # episodes in flight beyond one batch
+  W = cfg.rl.prompts_per_step
+  batches = [c.sampled.prompt_ids.tolist() for c in consumed]
+  for k, batch in enumerate(batches):
+    assert batch == sorted(batch)  # in launch order within a batch
+    earlier = [p for b in batches[:k] for p in b]
+    for p in batch:  # overtaken by at most W - 1 younger groups
+      assert sum(q > p for q in earlier) <= W - 1
+  ids = _positions(consumed, cfg.tasks.train_size)
+  assert len(ids) == len(set(ids))
 
 
 def test_an_interrupted_async_run_resumes_without_losing_or_repeating_a_group(

@@ -103,6 +103,9 @@ def test_broken_environments_cost_only_their_own_episodes(tmp_path):
     (lambda c: c.tasks.update(host_env=f"{__name__}:NotAnEnv"), "lacks"),
     (lambda c: c.tasks.update(obs_overflow="wrap"), "obs_overflow"),
     (lambda c: c.tasks.update(source="remote"), "config.tasks.source"),
+    (lambda c: c.tasks.update(env_pool="cluster"), "config.tasks.env_pool"),
+    (lambda c: c.tasks.update(host_env=f"{__name__}:ToolsWithoutCall"), "call_tool"),
+    (lambda c: c.tasks.update(host_env=f"{__name__}:BadTools"), "list of JSON schemas"),
     (lambda c: c.rl.exploration.update(temperature_schedule="linear", temperature_final=0.5),
      "temperature_schedule"),
 ])
@@ -123,6 +126,17 @@ class NoDemos:
 
 class NotAnEnv:
   pass
+
+
+class ToolsWithoutCall(NoDemos):
+  tools = [{"name": "search"}]
+
+
+class BadTools(NoDemos):
+  tools = ["search"]
+
+  def call_tool(self, name, arguments):
+    return "", 0.0, False
 
 
 @pytest.mark.parametrize("actor", ["sync", "async"])

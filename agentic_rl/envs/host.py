@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from agentic_rl.envs import text_games
+from agentic_rl.envs import remote, text_games
 from agentic_rl.envs.gem import GemEnv
 
 BUILTIN: dict[str, Callable[..., Any]] = {"guess_number": text_games.GuessNumber}
@@ -61,14 +61,37 @@ def host_kwargs(value) -> dict[str, Any]:
 
 
 class HostTasks:
-  """Environments of one factory, and the seeds of each split's prompts."""
+  """Environments of one factory, and the seeds of each split's prompts.
 
-  def __init__(self, factory: Callable[..., Any], kwargs: Mapping[str, Any] | None = None):
-    self.factory, self.kwargs = factory, dict(kwargs or {})
+  ``pool`` is where each environment runs (:data:`agentic_rl.envs.remote.
+  ENV_POOLS`): "threads" builds it here; "processes" and "ray" build it
+  from ``spec`` (the factory's name) in a process or Ray actor of its own.
+  """
+
+  def __init__(self, factory: Callable[..., Any], kwargs: Mapping[str, Any] | None = None,
+               *, spec: str = "", pool: str = "threads"):
+    if pool not in remote.ENV_POOLS:
+      raise ValueError(f"env_pool must be one of {remote.ENV_POOLS}, got {pool!r}")
+    if pool != "threads" and not spec:
+      raise ValueError(f"env_pool={pool!r} builds environments from the factory's name: "
+                       "pass spec")
+    self.factory, self.kwargs, self.spec, self.pool = factory, dict(kwargs or {}), spec, pool
 
   def make(self):
-    """A fresh environment."""
-    return self.factory(**self.kwargs)
+    """A fresh environment (or a proxy of one in another process)."""
+    if self.pool == "threads":
+      return self.factory(**self.kwargs)
+    return remote.make_env(self.pool, self.spec, self.kwargs)
+
+  def replace(self, env):
+    """A fresh environment for one whose call ran past its time limit (it may
+    still be running: it is closed, where it can be, and never reused)."""
+    if callable(close := getattr(env, "close", None)):
+      try:
+        close()
+      except Exception:  # pylint: disable=broad-except
+        pass
+    return self.make()
 
   @property
   def has_demonstrations(self) -> bool:

@@ -32,6 +32,15 @@ codec's framing strings reaches the policy as plain text
 clipped to it (``obs_overflow="clip"``, counted in ``obs_clipped_B``) or
 ends the episode ("obs_overflow", the default).
 
+An environment may offer tools: ``tools``, a list of JSON schemas, and
+``call_tool(name, arguments) -> (observation, reward, done)``. They are
+described in the system prompt, and an action ending with ``</tool_call>``
+is parsed by the codec (``Codec.parse_tool_call``) and run by
+``call_tool``; a malformed call (not JSON, an unknown tool, arguments that
+do not match the schema) is answered with an error observation, counted
+in ``num_tool_errors_B``, without calling the environment. Other actions
+go to ``step``.
+
 An optional ``actor(tag, observation) -> action_text`` scripts the policy:
 its actions are forced as policy tokens (loss mask 1, log-probs recorded)
 instead of sampled. Each action must end with exactly one stop id.
@@ -55,7 +64,7 @@ from agentic_rl.rollout.engine import check_key, check_version, new_state, run_l
 from agentic_rl.rollout.sampling import SamplingConfig
 from agentic_rl.rollout.types import EPISODE_STATUS, Rollout, RolloutState
 from agentic_rl.rollout.workers import EnvWorkers, Outcome
-from agentic_rl.text.codec import Codec, Message, frame_observation, pad_batch
+from agentic_rl.text.codec import Codec, Message, ToolCallError, pad_batch
 
 OBS_OVERFLOW = ("end", "clip")
 _STATUS = {name: i for i, name in enumerate(EPISODE_STATUS)}
@@ -120,8 +129,9 @@ class HostLoop:
     self.obs_overflow = obs_overflow
     self.system_prompt = system_prompt
     self.workers = EnvWorkers(env_workers, env_timeout_s)
+    self._blank = None
     options = model_lib.compiler_options()
-    self._prefill = jax.jit(self._prefill_impl, donate_argnums=(2,),
+    self._prefill = jax.jit(self._prefill_impl, donate_argnums=(3,),
                             compiler_options=options)
     self._segment = jax.jit(self._segment_impl, donate_argnums=(2,),
                             compiler_options=options)
@@ -202,14 +212,31 @@ class HostLoop:
     prefill_B = np.zeros(B, bool)  # the row's cache must be rebuilt
     cache = model_lib.init_cache(self.model_config, B, self.sampling.max_total_tokens)
 
-    def call(b, kind, fn):
+    def submit(b, kind, fn):
       calling_B[b] = True
       self.workers.submit((b, kind), fn)
 
     def begin(b, episode):
       host.awaiting_B[b], host.truncated_B[b], host.done_B[b] = True, False, False
       episodes[b] = episode
-      call(b, "reset", lambda env=episode.env, seed=episode.seed: env.reset(int(seed)))
+      submit(b, "reset", lambda env=episode.env, seed=episode.seed: env.reset(int(seed)))
+
+    def act(b, episode):
+      """Hands row b's closed action to its environment."""
+      action = self._action_ids(host, b)
+      tools = getattr(episode.env, "tools", None)
+      if not tools or action[-1] != self.ids.tool_call_close:
+        text = self.codec.tokenizer.decode(action)
+        submit(b, "step", lambda env=episode.env, text=text: env.step(text))
+        return
+      try:
+        tool_call = self.codec.parse_tool_call(action, tools)
+      except ToolCallError as e:  # the policy is told; the environment never sees it
+        host.num_tool_errors_B[b] += 1
+        self._env_step(host, b, action, Outcome(value=(f"error: {e}", 0.0, False)), actor,
+                       episode.tag)
+        return
+      submit(b, "step", lambda env=episode.env, c=tool_call: env.call_tool(c.name, c.arguments))
 
     try:
       while stop is None or not stop():
@@ -243,26 +270,36 @@ class HostLoop:
         if int(new_version) != int(version):
           params, version = new_params, check_version(new_version)
           prefill_B[:] = True
-        state = jax.tree.map(jnp.asarray, host)
         if prefill_B.any():
-          cache = self._prefill(params, state.tokens_BxT, cache, jnp.asarray(prefill_B))
+          cache = self._prefill_rows(params, host, cache, np.flatnonzero(prefill_B))
           prefill_B[:] = False
+        state = jax.tree.map(jnp.asarray, host)
         steps = self.sampling.max_total_tokens if chunk_steps is None else chunk_steps
         state, cache = self._segment(params, state, cache, version, jnp.int32(steps))
         host = jax.tree.map(np.array, state)
         for b in np.flatnonzero(host.awaiting_B & ~calling_B):
-          action = self.codec.tokenizer.decode(self._action_ids(host, b))
-          call(b, "step", lambda env=episodes[b].env, text=action: env.step(text))
+          act(b, episodes[b])
     finally:
       self.workers.abandon()
 
   # ------------------------------------------------------------------ device
-  def _prefill_impl(self, params, tokens_BxT, cache, rows_B):
-    """The cache with rows ``rows_B`` rebuilt from their tokens."""
-    new = model_lib.init_cache(self.model_config, self.batch_size,
-                               self.sampling.max_total_tokens)
-    _, new = model_lib.prefill(params, tokens_BxT, new, self.model_config)
-    return jax.tree.map(lambda n, o: jnp.where(rows_B[:, None, None, None], n, o), new, cache)
+  def _prefill_rows(self, params, s: RolloutState, cache, rows: np.ndarray):
+    """``cache`` with rows ``rows`` rebuilt from their tokens so far, in one
+    prefill of a bucketed shape (rows and tokens rounded up to powers of
+    two; the padding repeats a row)."""
+    n = 1 << (len(rows) - 1).bit_length()
+    length = int(s.cur_B[rows].max()) + 1
+    length = min(1 << (length - 1).bit_length(), self.sampling.max_total_tokens)
+    rows_N = np.resize(rows, n).astype(np.int32)
+    return self._prefill(params, jnp.asarray(s.tokens_BxT[rows_N, :length]),
+                         jnp.asarray(rows_N), cache)
+
+  def _prefill_impl(self, params, tokens_NxL, rows_N, cache):
+    N, L = tokens_NxL.shape
+    new = model_lib.init_cache(self.model_config, N, L)
+    _, new = model_lib.prefill(params, tokens_NxL, new, self.model_config)
+    write = lambda old, row_cache: old.at[rows_N, :, :L].set(row_cache)
+    return jax.tree.map(write, cache, new)
 
   def _segment_impl(self, params, state, cache, version, max_steps):
     def await_env(s, stop_B, token_B):
@@ -294,18 +331,22 @@ class HostLoop:
       out = Outcome(error=TypeError(f"reset must return str, got {type(out.value).__name__}"))
     status = _failure(out)
     obs = "" if status else out.value
-    prompt = self.codec.encode_prompt(self._prompt_messages(obs), escape=True)
+    prompt = self.codec.encode_prompt(self._prompt_messages(obs, episode.env), escape=True)
     T = self.sampling.max_total_tokens
     if len(prompt) >= T:  # no room to act: the episode ends before it starts
       status = _STATUS["obs_overflow"]
-      prompt = self.codec.encode_prompt(self._prompt_messages(""))
+      prompt = self.codec.encode_prompt(self._prompt_messages("", episode.env), escape=True)
       if len(prompt) >= T:
         raise ValueError(f"a prompt of {len(prompt)} tokens (the system prompt and "
                          f"framing) does not fit in the KV cache of max_total_tokens={T}")
-    row = self._new_rows([prompt], episode.key[None])
-    for name, value in vars(row).items():
+    if self._blank is None:  # one row of a fresh state, the template of every start
+      self._blank = self._new_rows([[self.ids.pad]], jax.random.split(jax.random.key(0), 1))
+    for name, value in vars(self._blank).items():
       if isinstance(value, np.ndarray):
         getattr(s, name)[b] = value[0]
+    s.tokens_BxT[b, :len(prompt)] = prompt
+    s.prompt_len_B[b], s.cur_B[b] = len(prompt), len(prompt) - 1
+    s.key_B[b] = np.asarray(jax.random.key_data(episode.key))
     s.status_B[b], s.truncated_B[b] = status, status != 0
     if status:
       return False
@@ -316,9 +357,14 @@ class HostLoop:
   def _row(self, s: RolloutState, b: int) -> Rollout:
     return jax.tree.map(np.asarray, jax.tree.map(lambda x: x[b:b + 1].copy(), s).to_rollout())
 
-  def _prompt_messages(self, observation: str) -> list[Message]:
-    system = [Message("system", self.system_prompt)] if self.system_prompt else []
-    return system + [Message("user", observation)]
+  def _prompt_messages(self, observation: str, env: TextEnv) -> list[Message]:
+    """The system prompt (with the environment's tools, if it offers any)
+    and the first observation."""
+    system = [self.system_prompt] if self.system_prompt else []
+    if tools := getattr(env, "tools", None):
+      system.append(self.codec.describe_tools(tools))
+    return ([Message("system", "\n".join(system))] if system else []) + [
+        Message("user", observation)]
 
   def _action_ids(self, s: RolloutState, b: int) -> np.ndarray:
     cur, seg = int(s.cur_B[b]), int(s.seg_len_B[b])
@@ -357,12 +403,10 @@ class HostLoop:
     if s.num_actions_B[b] >= self.sampling.max_turns or cur + n + 2 + 1 > T - 1:
       s.truncated_B[b] = True
       return
-    obs_A = np.full((self.max_obs_tokens,), self.ids.pad, np.int32)
-    obs_A[:n] = obs_ids
-    framed, framed_len = frame_observation(jnp.asarray(obs_A), jnp.int32(n),
-                                           self.ids)
-    s.queue_BxQ[b] = np.asarray(framed)
-    s.queue_len_B[b] = int(framed_len)
+    framed = self.codec.frame_observation_ids(obs_ids)
+    s.queue_BxQ[b] = self.ids.pad
+    s.queue_BxQ[b, :len(framed)] = framed
+    s.queue_len_B[b] = len(framed)
     s.queue_pos_B[b] = 0
     if actor is not None:
       self._script(s, b, actor(tag, obs))

@@ -23,13 +23,22 @@ call) and the tool result that answers it carry k.
 Trajectories are built token-in/token-out: the rollout engine appends sampled
 ids as they are and frames observations with :func:`frame_observation`; text
 is never re-tokenised.
+
+Tools of a Python environment are described by JSON schemas
+(``{"name", "description", "parameters": {"type": "object", "properties",
+"required"}}``); :meth:`Codec.describe_tools` renders them for the system
+prompt and :meth:`Codec.parse_tool_call` reads the policy's call,
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, checked
+against them (:class:`ToolCallError` says what is wrong).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -87,6 +96,42 @@ class FormatIds:
     return (self.answer_close, self.end, self.eos)
 
 
+@dataclasses.dataclass(frozen=True)
+class ToolCall:
+  """A parsed tool call: the tool's ``name`` and its ``arguments``."""
+
+  name: str
+  arguments: dict[str, Any]
+
+
+class ToolCallError(ValueError):
+  """A tool call that is not JSON, names no offered tool or does not match
+  its schema; the message is what the policy is told."""
+
+
+_JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
+               "array": list, "object": dict, "null": type(None)}
+
+
+def _check_arguments(schema: Mapping[str, Any], arguments: dict[str, Any], name: str) -> None:
+  params = schema.get("parameters") or {}
+  props = params.get("properties") or {}
+  if missing := [k for k in params.get("required", ()) if k not in arguments]:
+    raise ToolCallError(f"{name} is missing the argument(s) {', '.join(missing)}")
+  if params.get("additionalProperties", True) is False:
+    if extra := sorted(set(arguments) - set(props)):
+      raise ToolCallError(f"{name} takes no argument(s) {', '.join(extra)}")
+  for key, value in arguments.items():
+    want = (props.get(key) or {}).get("type")
+    if want is None:
+      continue
+    types = tuple(_JSON_TYPES[t] for t in ([want] if isinstance(want, str) else want)
+                  if t in _JSON_TYPES)
+    bad_bool = isinstance(value, bool) and bool not in types
+    if types and (bad_bool or not isinstance(value, types)):
+      raise ToolCallError(f"{name}: argument {key} must be {want}, got {value!r:.40}")
+
+
 class Codec:
   """Encodes and decodes conversations with one tokenizer."""
 
@@ -109,6 +154,53 @@ class Codec:
     self._reserved_ids = frozenset(dataclasses.astuple(self.ids))
     pieces = sorted({tokenizer.id_to_piece(i) for i in self._reserved_ids}, key=len, reverse=True)
     self._reserved_re = re.compile("|".join(re.escape(p) for p in pieces))
+
+  def frame_observation_ids(self, obs_ids: Sequence[int]) -> list[int]:
+    """An observation's ids framed as a tool result (on the host; in jit,
+    :func:`frame_observation`)."""
+    return [self.ids.tool_result_open, *obs_ids, self.ids.tool_result_close]
+
+  # ---------------------------------------------------------------- tools
+  def describe_tools(self, tools: Sequence[Mapping[str, Any]]) -> str:
+    """The system-prompt text that offers ``tools`` (JSON schemas) and says
+    how to call them."""
+    lines = ['Call a tool as <tool_call>{"name": NAME, "arguments": {...}}</tool_call>. Tools:']
+    for tool in tools:
+      props = (tool.get("parameters") or {}).get("properties") or {}
+      args = ", ".join(f"{k}: {v.get('type', 'any')}" for k, v in props.items())
+      lines.append(f"{tool['name']}({args}): {tool.get('description', '')}".rstrip(": "))
+    return "\n".join(lines)
+
+  def parse_tool_call(self, action_ids: Sequence[int] | np.ndarray,
+                      tools: Sequence[Mapping[str, Any]]) -> ToolCall:
+    """The call in an action that ends with ``</tool_call>``: the JSON
+    object after its last ``<tool_call>``.
+
+    Raises:
+      ToolCallError: the call is malformed, names no tool of ``tools`` or
+        its arguments do not match the tool's schema.
+    """
+    ids = [int(t) for t in action_ids]
+    if not ids or ids[-1] != self.ids.tool_call_close:
+      raise ToolCallError("a tool call ends with </tool_call>")
+    opens = [i for i, t in enumerate(ids) if t == self.ids.tool_call_open]
+    if not opens:
+      raise ToolCallError("a tool call starts with <tool_call>")
+    text = self.tokenizer.decode(ids[opens[-1] + 1:-1])
+    try:
+      call = json.loads(text)
+    except json.JSONDecodeError as e:
+      raise ToolCallError(f"the tool call is not JSON ({e.msg} at {e.pos})") from None
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+      raise ToolCallError('a tool call is a JSON object with a "name"')
+    arguments = call.get("arguments", {})
+    if not isinstance(arguments, dict):
+      raise ToolCallError('the "arguments" of a tool call are a JSON object')
+    by_name = {t["name"]: t for t in tools}
+    if call["name"] not in by_name:
+      raise ToolCallError(f"no tool {call['name']!r:.40}; tools: {', '.join(by_name)}")
+    _check_arguments(by_name[call["name"]], arguments, call["name"])
+    return ToolCall(call["name"], arguments)
 
   # ---------------------------------------------------------------- encode
   def encode_text(self, text: str) -> list[int]:

@@ -8,6 +8,7 @@ that the model, sampler, objectives and invariant controllers take.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import jax
@@ -17,6 +18,7 @@ from agentic_rl import objectives
 from agentic_rl.envs import host as host_lib
 from agentic_rl.envs import registry
 from agentic_rl.envs import tasks as tasks_lib
+from agentic_rl.envs.remote import ENV_POOLS
 from agentic_rl.invariants import exploration, shift, signal
 from agentic_rl.invariants.alarms import Band
 from agentic_rl.kernels import backends
@@ -189,13 +191,23 @@ def _validate_rl_stage(name: str, stage, model_cfg, levels, host: bool) -> None:
     _err(f"config.{name}.shift.partial_rollout={shift_cfg.partial_rollout!r} acts on partial "
          "rollouts, which only the asynchronous actor makes; set "
          f"--config.{name}.actor=async or keep partial_rollout='keep'")
-  if shift_cfg.fifo_window_ratio is not None and not (
-      actor == "async" and host and signal_cfg.allocation == "uniform"):
+  # The asynchronous actor on host environments with uniform allocation
+  # batches continuously (agentic_rl.train.stream).
+  streams = actor == "async" and host and signal_cfg.allocation == "uniform"
+  if shift_cfg.fifo_window_ratio is not None and not streams:
     _err(f"config.{name}.shift.fifo_window_ratio={shift_cfg.fifo_window_ratio!r}: windowed-FIFO "
          "collection is how the asynchronous actor collects groups as they finish, which it "
          "does on host environments with uniform allocation (set --config.tasks.source=host, "
          f"--config.{name}.actor=async, --config.{name}.signal.allocation=uniform) or keep "
          "fifo_window_ratio=None")
+  actor_rows = stage.get("actor_rows", 0)
+  if isinstance(actor_rows, bool) or not isinstance(actor_rows, int) or actor_rows < 0:
+    _err(f"config.{name}.actor_rows must be an integer >= 0 (0: one batch), got {actor_rows!r}")
+  if actor_rows and not streams:
+    _err(f"config.{name}.actor_rows={actor_rows} sets how many episodes the asynchronous actor "
+         "keeps in flight on host environments with uniform allocation (set "
+         f"--config.{name}.actor=async and --config.{name}.signal.allocation=uniform with "
+         "--config.tasks.source=host) or keep actor_rows=0")
   if actor == "async" and jax.process_count() > 1:
     _err(f"config.{name}.actor='async' runs the actor in a thread of one process; with "
          f"{jax.process_count()} processes use --config.{name}.actor=sync")
@@ -229,6 +241,15 @@ def _validate_host_tasks(cfg) -> None:
   if missing:
     _err(f"{where} makes {type(env).__name__}, which lacks {missing}: a host environment "
          "has reset(seed) -> str and step(action) -> (observation, reward, done)")
+  tools = getattr(env, "tools", None)
+  if tools is not None:
+    if not callable(getattr(env, "call_tool", None)):
+      _err(f"{where}: {type(env).__name__} offers tools but has no call_tool(name, arguments) "
+           "-> (observation, reward, done) to run them")
+    if not isinstance(tools, (list, tuple)) or not all(
+        isinstance(x, dict) and isinstance(x.get("name"), str) for x in tools):
+      _err(f"{where}: {type(env).__name__}.tools must be a list of JSON schemas, each a dict "
+           'with a "name" (and "description", "parameters")')
   sft = [name for name in cfg.stages if cfg[name].kind == "sft"]
   if sft and not callable(getattr(env, "demonstration", None)):
     _err(f"{where}: the SFT stage {sft[0]!r} needs demonstrations, and "
@@ -236,6 +257,11 @@ def _validate_host_tasks(cfg) -> None:
          f"only (--config.stages=rl) or give the environment one")
   for key in ("env_workers", "max_obs_tokens"):
     _check_positive(f"config.tasks.{key}", t[key])
+  if t.env_pool not in ENV_POOLS:
+    _err(f"config.tasks.env_pool is {t.env_pool!r}; valid: {', '.join(ENV_POOLS)}")
+  if t.env_pool == "ray" and importlib.util.find_spec("ray") is None:
+    _err("config.tasks.env_pool='ray' needs Ray: pip install -e \".[ray]\" (or use "
+         "env_pool=processes for environments on this machine)")
   if t.env_timeout_s is not None and t.env_timeout_s < 0:
     _err(f"config.tasks.env_timeout_s must be > 0 (0 or None: no limit), got {t.env_timeout_s}")
   if t.obs_overflow not in OBS_OVERFLOW:

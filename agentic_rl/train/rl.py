@@ -118,6 +118,9 @@ class RLStage:
   reset_fn: Any = None
   # ReMax: the greedy decode of each prompt gives its baseline; else None.
   greedy_sampling: SamplingConfig | None = None
+  # Episodes the asynchronous actor keeps in flight on host environments
+  # (agentic_rl.train.stream); 0: one batch.
+  actor_rows: int = 0
 
   @property
   def rows(self) -> int:
@@ -160,7 +163,8 @@ def make_rl_stage(run: Run, stage, optimizer, params, *, reset_each_iteration: b
             if "greedy_rewards_P" in needs else None)
   return RLStage(stage.prompts_per_step, stage.group_size, stage.updates_per_batch, sampling,
                  objective, needs, signal_cfg, config_lib.shift_config(stage), explore_cfg,
-                 step_fn, state_sharding, score_fn, reset_fn, greedy)
+                 step_fn, state_sharding, score_fn, reset_fn, greedy,
+                 stage.get("actor_rows", 0))
 
 
 def reference_policy(stage, params):

@@ -118,7 +118,7 @@ class Run:
                   weights=polled if weights is not None else None,
                   stale=(lambda tag, oldest: oldest < latest[0]) if restart else None)
     for b in np.flatnonzero(np.asarray(ro.status_B) == EPISODE_STATUS.index("env_timeout")):
-      envs[b] = self.tasks.make()  # its call may still be running: never reuse it
+      envs[b] = self.tasks.replace(envs[b])
     return self.with_outcome(ro)
 
   def with_outcome(self, ro: Rollout) -> Rollout:
@@ -185,7 +185,8 @@ def build(cfg) -> Run:
   mesh = sharding.make_mesh(sharding.MeshConfig(**cfg.mesh))
   if cfg.tasks.source == "host":
     tasks = HostTasks(host_lib.load_factory(cfg.tasks.host_env),
-                      host_lib.host_kwargs(cfg.tasks.host_kwargs))
+                      host_lib.host_kwargs(cfg.tasks.host_kwargs), spec=cfg.tasks.host_env,
+                      pool=cfg.tasks.env_pool)
     return Run(cfg, codec, None, tasks, model_config, mesh)
   env = envs_lib.make_env(
       "mixture", codec, members=tuple(cfg.tasks.families),

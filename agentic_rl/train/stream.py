@@ -75,12 +75,13 @@ class HostStream:
     self.step, self.end_step = first_step, end_step
     self.history, self.stop = history, stop
     t = run.cfg.tasks
-    self.loop = HostLoop(run.model_config, rl.sampling, run.codec, batch_size=rl.rows,
+    rows = rl.actor_rows or rl.rows
+    self.loop = HostLoop(run.model_config, rl.sampling, run.codec, batch_size=rows,
                          max_obs_tokens=t.max_obs_tokens, obs_overflow=t.obs_overflow,
                          env_workers=t.env_workers, env_timeout_s=t.env_timeout_s or None)
     P, G = rl.prompts_per_step, rl.group_size
     self.window = shift.fifo_window(rl.shift_cfg, P)
-    self.max_groups = max(self.window or P, P) + math.ceil(rl.rows / G)
+    self.max_groups = max(self.window or P, P) + math.ceil(rows / G)
     self.queue = shift.init_queue()
     self.groups: dict[int, _Group] = {}
     self.todo: collections.deque = collections.deque()  # (gid, j) to play
@@ -139,8 +140,8 @@ class HostStream:
   def _finished(self, tag, rollout) -> None:
     gid, j = tag
     env = self.env_of.pop(tag)
-    if int(rollout.status_B[0]) != _TIMEOUT:  # a timed-out call may still run: never reuse
-      self.envs.append(env)
+    timed_out = int(rollout.status_B[0]) == _TIMEOUT
+    self.envs.append(self.run.tasks.replace(env) if timed_out else env)
     group = self.groups[gid]
     group.rollouts[j] = self.run.with_outcome(rollout)
     if len(group.rollouts) == self.rl.group_size:
@@ -165,7 +166,7 @@ class HostStream:
     self.queue, taken = shift.collect(self.queue, P - len(self.batch), self.window)
     self.batch.extend(int(g) for g in taken)
     if len(self.batch) == P:
-      gids, self.batch = self.batch, []
+      gids, self.batch = sorted(self.batch), []  # in launch order
       self.emit(self._batch(gids))
 
   def _batch(self, gids: list[int]) -> rl_lib.Collected:

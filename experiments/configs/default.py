@@ -93,8 +93,11 @@ def _rl_stage() -> ml_collections.ConfigDict:
       # The actor: "sync" collects in the learner's thread; "async" in its
       # own, while the learner updates. max_staleness bounds the lag of every
       # token behind the learner, in updates (0: on-policy; the async actor
-      # then waits for every update).
+      # then waits for every update). actor_rows: episodes the async actor
+      # keeps in flight on host environments (0: one batch, P * G); more
+      # rows hide slow environments.
       actor="sync",
+      actor_rows=0,
       max_staleness=0,
       # Invariant controllers (agentic_rl.invariants): signal.allocation is
       # uniform, dynamic (DAPO), ada (Reinforce-Ada) or knapsack; see
@@ -137,10 +140,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       # "jax": the built-in families below, stepped inside the jitted
       # rollout; "host": a Python environment (host_env: "MODULE:FACTORY",
       # "gem:<id>" or "guess_number"; host_kwargs: its keyword arguments, a
-      # JSON object on the command line).
+      # JSON object on the command line). env_pool: where each environment
+      # runs, "threads" (here), "processes" (one each) or "ray" (actors).
       source="jax",
       host_env="",
       host_kwargs="",
+      env_pool="threads",
       env_workers=8,
       env_timeout_s=60.0,
       max_obs_tokens=64,

@@ -23,6 +23,8 @@ All functions are jittable (``num_groups``, ``n`` and ``k`` static).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -183,10 +185,12 @@ def pass_at_k_metrics(success_PxN: jax.Array, k: int) -> dict[str, jax.Array]:
   return {"eval/pass_at_k": at_k, "eval/pass_at_1": at_1, "explore/pass_at_k_gap": at_k - at_1}
 
 
+@functools.partial(jax.jit, static_argnames=("num_groups", "ngram"))
 def exploration_metrics(entropy_BxT: jax.Array, mask_BxT: jax.Array, call_hashes: jax.Array,
                         success: jax.Array, group_B: jax.Array | None = None,
                         num_groups: int | None = None, ngram: int = 2) -> dict[str, jax.Array]:
-  """The ``explore/*`` metrics of one batch.
+  """The ``explore/*`` metrics of one batch (jitted: the group statistics
+  are many small array operations).
 
   Args:
     entropy_BxT: float per-token policy entropy.
