@@ -94,7 +94,10 @@ def test_the_trainer_runs_on_environment_processes(tmp_path):
 
 def test_the_trainer_runs_on_ray_actors(tmp_path):
   ray = pytest.importorskip("ray", reason="Ray (pip install -e '.[ray]') is optional")
-  ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+  here = os.path.dirname(os.path.abspath(__file__))
+  path = os.pathsep.join([here, os.path.dirname(here)])
+  ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+           runtime_env={"env_vars": {"PYTHONPATH": path}})
   try:
     env = remote.RayEnv(f"{__name__}:Tooled", {})
     assert env.reset(2) == Tooled().reset(2)

@@ -4,6 +4,7 @@ episodes, and the refusals."""
 
 import math
 import os
+import threading
 import time
 
 import numpy as np
@@ -148,3 +149,76 @@ def test_a_gem_game_trains_where_gem_is_installed(tmp_path, actor):
   summary, records = _records(cfg, tmp_path)
   assert summary["steps"] == cfg.rl.iterations
   assert all(k in records[-1] for k in INVARIANT_KEYS)
+
+
+def _rl_only(host_env="guess_number", **tasks):
+  cfg = _host_cfg(host_env=host_env, stages=("rl",))
+  cfg.tasks.update(**tasks)
+  cfg.rl.update(iterations=2, prompts_per_step=4, group_size=4)
+  cfg.eval.update(num_prompts=4, pass_k_prompts=2)
+  return cfg
+
+
+def test_success_threshold_decides_which_episodes_succeed(tmp_path):
+  # Every episode's reward (0 when the untrained policy never guesses right)
+  # is above -1: all succeed.
+  _, records = _records(_rl_only(success_threshold=-1.0), tmp_path)
+  assert all(r["reward/outcome"] == 1.0 for r in records)
+  assert records[-1]["eval/success"] == 1.0
+
+
+class LongReplies(text_games.GuessNumber):
+  """The guessing game whose replies run to about 200 tokens."""
+
+  def step(self, action):
+    obs, reward, done = super().step(action)
+    return obs + " hint" * 100, reward, done
+
+
+@pytest.mark.parametrize("overflow", ["end", "clip"])
+def test_obs_overflow_ends_or_clips_long_observations(tmp_path, overflow):
+  cfg = _rl_only(f"{__name__}:LongReplies", obs_overflow=overflow, max_obs_tokens=16)
+  _, records = _records(cfg, tmp_path)
+  ended = sum(r["episode/obs_overflow"] for r in records)
+  clipped = sum(r["episode/obs_clipped"] for r in records)
+  if overflow == "end":
+    assert ended > 0 and clipped == 0
+  else:
+    assert clipped > 0 and ended == 0
+
+
+class CountedGuess(text_games.GuessNumber):
+  """The guessing game with slow resets that counts how many run at once."""
+
+  lock, running, peak = threading.Lock(), [0], [0]
+
+  def reset(self, seed):
+    with self.lock:
+      self.running[0] += 1
+      self.peak[0] = max(self.peak[0], self.running[0])
+    time.sleep(0.05)
+    with self.lock:
+      self.running[0] -= 1
+    return super().reset(seed)
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_env_workers_is_how_many_environment_calls_run_at_once(tmp_path, workers):
+  CountedGuess.peak[0] = 0
+  cfg = _rl_only(f"{__name__}:CountedGuess", env_workers=workers)
+  cfg.rl.iterations = 1
+  _records(cfg, tmp_path)
+  assert CountedGuess.peak[0] == workers
+
+
+def test_a_stopped_synchronous_host_run_resumes_bit_exact(tmp_path):
+  cfg = _rl_only()
+  cfg.rl.iterations = 3
+  _, straight = _records(cfg, tmp_path / "straight")
+  assert loop.train(cfg, str(tmp_path / "resumed"), stop_after=1)["stopped"] == "stop_after"
+  _, resumed = _records(cfg, tmp_path / "resumed")
+  assert len(resumed) == len(straight) == 3
+  drop = ("perf/", "wall_time")
+  for a, b in zip(straight, resumed):
+    assert {k: v for k, v in a.items() if not k.startswith(drop)} == {
+        k: v for k, v in b.items() if not k.startswith(drop)}

@@ -144,7 +144,9 @@ class ProcessEnv(_Proxy):
 
 class RayEnv(_Proxy):
   """An environment in a Ray actor (``pip install -e ".[ray]"``; connects
-  with ``ray.init()`` unless Ray is already initialised).
+  with ``ray.init()`` unless Ray is already initialised). The factory's
+  module must be importable on the Ray workers (installed there, or on
+  their ``PYTHONPATH`` through ``ray.init(runtime_env=...)``).
 
   Args:
     spec: the factory (``config.tasks.host_env``).
@@ -165,8 +167,10 @@ class RayEnv(_Proxy):
   def _get(self, ref):
     try:
       return self._ray.get(ref)
-    except self._ray.exceptions.RayTaskError as e:
+    except self._ray.exceptions.RayTaskError as e:  # the environment raised
       raise RemoteEnvError(str(e.cause if e.cause is not None else e)) from None
+    except self._ray.exceptions.RayError as e:  # its actor died, or Ray itself failed
+      raise RemoteEnvError(f"{type(e).__name__}: {e}") from None
 
   def _call(self, method: str, *args):
     self._wait_ready()
