@@ -14,7 +14,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_tiny_run_writes_json(tmp_path):
   out = tmp_path / "bench.json"
   subprocess.run(
-      [sys.executable, "-m", "experiments.bench_async", f"--out={out}", "--iterations=3",
+      [sys.executable, "-m", "experiments.bench_async", f"--out={out}", "--iterations=4",
        "--staleness=1", "--sft_steps=2", "--median_ms=1"],
       cwd=_ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), check=True,
       capture_output=True, text=True, timeout=900)
