@@ -162,6 +162,12 @@ def test_qwen2_sliding_window_matches_torch(tmp_path):
   glob = model.forward(params, tokens,
                        dataclasses.replace(config, sliding_windows=None))
   assert np.abs(np.asarray(glob) - ours).max() > 1e-3
+  # Exported, the windows come back in transformers and in our loader.
+  hf.save_hf_checkpoint(str(tmp_path / "out"), config, params)
+  assert hf.load_hf_checkpoint(str(tmp_path / "out"))[0] == config
+  transformers = pytest.importorskip("transformers")
+  back = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
+  np.testing.assert_allclose(_torch_logits(torch, back, tokens), ours, atol=1e-4, rtol=0)
 
 
 _LLAMA_JSON = dict(architectures=["LlamaForCausalLM"], model_type="llama",

@@ -56,7 +56,7 @@ class HostStream:
     run, rl, prompts, stage_key: as :func:`agentic_rl.train.rl.collect`'s.
     weights: ``() -> (params, version)``, the actor's latest weights.
     need: ``(step) -> version``: the oldest version batch ``step`` may hold.
-    emit: receives each batch; returns False to stop.
+    emit: receives each batch.
     first_step, end_step: the stage iterations to make batches for.
     history: ``() -> PromptHistory``, the controllers' latest.
     stop: ``() -> bool``, asked before every jitted segment.
@@ -66,9 +66,6 @@ class HostStream:
                weights: Callable[[], tuple], need: Callable[[int], int],
                emit: Callable[[rl_lib.Collected], None], *, first_step: int, end_step: int,
                history: Callable[[], signal.PromptHistory], stop: Callable[[], bool]):
-    # Positions drawn (launched) and not consumed: the learner's data
-    # position is the first of them, and those consumed beyond it are
-    # skipped by the prompt source after a resume.
     self.run, self.rl, self.prompts = run, rl, prompts
     self.key, self.draw_key = jax.random.split(jax.random.fold_in(stage_key, first_step))
     self.weights, self.need, self.emit = weights, need, emit
@@ -89,6 +86,9 @@ class HostStream:
     self.env_of: dict[tuple[int, int], Any] = {}
     self.batch: list[int] = []  # gids collected for the next batch
     self.next_gid = 0
+    # Data positions launched and not consumed: the learner's data position
+    # is the first of them; those consumed beyond it are skipped by the
+    # prompt source after a resume.
     self.unconsumed: set[int] = set()
     self.consumed_ahead: set[int] = set(prompts.skip)
     self.version = -1
