@@ -85,6 +85,7 @@ def _pool_cfg(pool):
   return cfg
 
 
+@pytest.mark.slow  # a training run on spawned environment processes
 def test_the_trainer_runs_on_environment_processes(tmp_path):
   summary = loop.train(_pool_cfg("processes"), str(tmp_path))
   records = metrics_lib.read_metrics(os.path.join(str(tmp_path), "metrics.jsonl"))

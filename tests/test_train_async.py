@@ -7,6 +7,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from agentic_rl.envs import text_games
 from agentic_rl.train import loop
@@ -156,6 +157,7 @@ def test_an_interrupted_async_run_resumes_without_losing_or_repeating_a_group(
   assert [r["step"] for r in records] == list(range(5))
 
 
+@pytest.mark.slow  # two runs with a warm start
 def test_partial_rollouts_across_updates_are_kept_or_restarted(tmp_path, monkeypatch):
   """Slow guesses after a warm start: episodes outlast updates. With "keep"
   they continue under the new weights, each token recording its version;
