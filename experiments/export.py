@@ -7,40 +7,83 @@ of the run in ``--workdir`` (its saved ``config.json`` says the model):
 ``transformers.AutoModelForCausalLM.from_pretrained(OUT)`` loads it, as
 ``LlamaForCausalLM`` for the project's own model (or Qwen2, Qwen3, Gemma
 where the config has their features; ``agentic_rl.model.hf``).
+
+With ``--check`` (needs torch and transformers) it then measures the
+deployed distribution: the policy plays ``--check_prompts`` held-out
+episodes, the exported model scores their tokens in transformers, and
+``shift/deploy_logprob_diff_max`` (the largest per-token log-prob
+difference from the learner's, fp32, over the policy's tokens) is printed
+and written to ``OUT/deploy_check.json``.
 """
 
+import json
 import os
 
+import jax
+import ml_collections
+import numpy as np
 from absl import app
 from absl import flags
+
+from agentic_rl import model as model_lib
+from agentic_rl.model import hf
+from agentic_rl.text import load_tokenizer
+from agentic_rl.train import checkpoint, resume
+from agentic_rl.train import config as config_lib
+from agentic_rl.train import run as run_lib
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (with checkpoints).",
                                required=True)
 _OUT = flags.DEFINE_string("out", None, "Directory to write the checkpoint to.",
                            required=True)
+_CHECK = flags.DEFINE_bool("check", False, "Score the run's rollouts with the exported "
+                           "model in transformers against the learner.")
+_CHECK_PROMPTS = flags.DEFINE_integer("check_prompts", 8, "Held-out episodes to score.")
 
 
-def export(workdir: str, out: str) -> str:
-  """Writes the latest checkpoint of ``workdir`` to ``out``; returns the
-  architecture written."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import ml_collections  # pylint: disable=g-import-not-at-top
-
-  from agentic_rl import model as model_lib  # pylint: disable=g-import-not-at-top
-  from agentic_rl.model import hf  # pylint: disable=g-import-not-at-top
-  from agentic_rl.text import load_tokenizer  # pylint: disable=g-import-not-at-top
-  from agentic_rl.train import checkpoint, resume  # pylint: disable=g-import-not-at-top
-  from agentic_rl.train import config as config_lib  # pylint: disable=g-import-not-at-top
-
+def _load(workdir: str):
+  """``(cfg, model config, params)`` of the latest checkpoint of a run."""
   saved = resume.load_run_config(workdir)
   if saved is None:
     raise ValueError(f"{workdir} has no config.json: is it a run directory?")
   cfg = ml_collections.ConfigDict(saved)
   config = config_lib.model_config(cfg, load_tokenizer().vocab_size)
   like = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.key(0)))
-  params = checkpoint.load_params(workdir, like=like)
+  return cfg, config, checkpoint.load_params(workdir, like=like)
+
+
+def export(workdir: str, out: str) -> str:
+  """Writes the latest checkpoint of ``workdir`` to ``out``; returns the
+  architecture written."""
+  _, config, params = _load(workdir)
   hf.save_hf_checkpoint(out, config, params)
   return hf.architecture_of(config)
+
+
+def deploy_check(workdir: str, out: str, num_prompts: int = 8) -> dict[str, float]:
+  """``shift/deploy_logprob_diff_max`` and ``..._mean``: how far the
+  exported model's per-token log-probs (transformers, fp32) are from the
+  learner's on ``num_prompts`` held-out episodes the policy plays."""
+  import torch  # pylint: disable=g-import-not-at-top  (optional: the test extra)
+  import transformers  # pylint: disable=g-import-not-at-top
+
+  cfg, config, params = _load(workdir)
+  run = run_lib.build(cfg)
+  ro = run.rollout(params, config_lib.sampling_config(cfg), "test", np.arange(num_prompts),
+                   jax.random.key(cfg.seed), 0, cfg.eval.batch_rows)
+  tokens, mask = np.asarray(ro.tokens_BxT), np.asarray(ro.loss_mask_BxT)[:, 1:] > 0
+  with jax.default_matmul_precision("float32"):
+    logits = model_lib.forward(params, tokens, config)
+  ours = np.asarray(jax.nn.log_softmax(logits[:, :-1], axis=-1))
+  net = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+  with torch.no_grad():
+    theirs = torch.log_softmax(net(torch.tensor(tokens)).logits[:, :-1].float(), -1).numpy()
+  targets = tokens[:, 1:, None]
+  diff = np.abs(np.take_along_axis(ours, targets, -1) - np.take_along_axis(theirs, targets, -1))
+  diff = diff[..., 0][mask]
+  return {"shift/deploy_logprob_diff_max": float(diff.max(initial=0.0)),
+          "shift/deploy_logprob_diff_mean": float(diff.mean()) if diff.size else 0.0,
+          "tokens": int(diff.size)}
 
 
 def main(argv):
@@ -51,6 +94,11 @@ def main(argv):
   except ValueError as e:
     raise SystemExit(f"error: {e}") from None
   print(f"wrote {arch} to {os.path.abspath(_OUT.value)}")
+  if _CHECK.value:
+    result = deploy_check(_WORKDIR.value, _OUT.value, _CHECK_PROMPTS.value)
+    with open(os.path.join(_OUT.value, "deploy_check.json"), "w") as f:
+      json.dump(result, f, indent=1)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """A trained run exported as a Hugging Face checkpoint: transformers loads
 it and gives the learner's logits."""
 
+import json
 import os
 import subprocess
 import sys
@@ -26,10 +27,14 @@ def test_a_run_exports_and_transformers_reproduces_its_logits(tmp_path):
   workdir, out = str(tmp_path / "run"), str(tmp_path / "hf")
   loop.train(cfg, workdir)
   done = subprocess.run([sys.executable, "-m", "experiments.export", f"--workdir={workdir}",
-                         f"--out={out}"], cwd=_ROOT, capture_output=True, text=True,
+                         f"--out={out}", "--check", "--check_prompts=4"], cwd=_ROOT,
+                        capture_output=True, text=True,
                         env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=600)
   assert done.returncode == 0, done.stderr
   assert "LlamaForCausalLM" in done.stdout
+  # The deployed model's per-token log-probs on the run's own rollouts.
+  check = json.loads((tmp_path / "hf" / "deploy_check.json").read_text())
+  assert check["tokens"] > 0 and check["shift/deploy_logprob_diff_max"] <= 1e-5
   net = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
   config = run_lib.build(cfg).model_config  # the run's own model
   like = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.key(0)))
