@@ -2,6 +2,7 @@
 installed): the protocol is forwarded, failures on the other side become
 errors of the episode, and the trainer runs on them."""
 
+import json
 import os
 
 import jax
@@ -76,10 +77,24 @@ def test_a_crashed_environment_process_ends_only_its_episode():
   assert status[0] == "env_error" and status[1] == "ok"
 
 
-def _pool_cfg(pool):
+class PidGuess(text_games.GuessNumber):
+  """The guessing game that leaves a file named after its process id in
+  ``pid_dir`` at every reset."""
+
+  def __init__(self, pid_dir, **kwargs):
+    super().__init__(**kwargs)
+    self.pid_dir = pid_dir
+
+  def reset(self, seed):
+    open(os.path.join(self.pid_dir, str(os.getpid())), "w").close()
+    return super().reset(seed)
+
+
+def _pool_cfg(pool, pid_dir):
   cfg = default.get_config("tiny")
   cfg.stages = ("rl",)
-  cfg.tasks.update(source="host", host_env="guess_number", env_pool=pool, env_workers=4)
+  cfg.tasks.update(source="host", host_env=f"{__name__}:PidGuess", env_pool=pool,
+                   env_workers=4, host_kwargs=json.dumps({"pid_dir": str(pid_dir)}))
   cfg.rl.update(iterations=1, prompts_per_step=2, group_size=2)
   cfg.eval.update(num_prompts=2, pass_k_prompts=1, batch_rows=2)
   return cfg
@@ -87,10 +102,15 @@ def _pool_cfg(pool):
 
 @pytest.mark.slow  # a training run on spawned environment processes
 def test_the_trainer_runs_on_environment_processes(tmp_path):
-  summary = loop.train(_pool_cfg("processes"), str(tmp_path))
-  records = metrics_lib.read_metrics(os.path.join(str(tmp_path), "metrics.jsonl"))
+  pids = tmp_path / "pids"
+  pids.mkdir()
+  summary = loop.train(_pool_cfg("processes", pids), str(tmp_path / "run"))
+  records = metrics_lib.read_metrics(os.path.join(str(tmp_path / "run"), "metrics.jsonl"))
   assert summary["steps"] == 1
   assert records[-1]["episode/env_errors"] == 0 and "shift/kl_behaviour_learner" in records[-1]
+  # Every reset ran in an environment process of its own, none in the trainer's.
+  seen = {int(p) for p in os.listdir(pids)}
+  assert os.getpid() not in seen and len(seen) >= 4
 
 
 def test_the_trainer_runs_on_ray_actors(tmp_path):
@@ -105,7 +125,10 @@ def test_the_trainer_runs_on_ray_actors(tmp_path):
     with pytest.raises(remote.RemoteEnvError, match="no such move"):
       env.step("raise")
     env.close()
-    summary = loop.train(_pool_cfg("ray"), str(tmp_path))
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    summary = loop.train(_pool_cfg("ray", pids), str(tmp_path / "run"))
     assert summary["steps"] == 1
+    assert os.getpid() not in {int(p) for p in os.listdir(pids)}
   finally:
     ray.shutdown()

@@ -153,6 +153,9 @@ def test_fifo_queue_semantics():
     shift.launch(q, [12])
   with pytest.raises(ValueError, match="not in the queue"):
     shift.finish(q, [99])
+  reopened = shift.finish(q, [11], finished=False)  # 11's rollouts play again
+  np.testing.assert_array_equal(reopened.finished, [False, False, False, False, True])
+  assert shift.collect(reopened, 5, window=3)[1].size == 0
   assert shift.fifo_window(ShiftConfig(), 8) is None
   assert shift.fifo_window(ShiftConfig(fifo_window_ratio=1.5), 8) == 12
 

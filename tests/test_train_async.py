@@ -112,7 +112,7 @@ def test_the_actor_overlaps_the_learner_within_the_staleness_bound(tmp_path, mon
   assert len(ids) == len(set(ids)) == 4 * cfg.rl.prompts_per_step
 
 
-def test_windowed_fifo_bounds_how_far_a_group_is_overtaken(tmp_path, monkeypatch):
+def test_windowed_fifo_takes_a_group_only_near_the_head_of_the_queue(tmp_path, monkeypatch):
   _, consumed = _spy(monkeypatch)
   rows = []
   original = stream_lib.HostLoop
@@ -131,9 +131,9 @@ def test_windowed_fifo_bounds_how_far_a_group_is_overtaken(tmp_path, monkeypatch
   batches = [c.sampled.prompt_ids.tolist() for c in consumed]
   for k, batch in enumerate(batches):
     assert batch == sorted(batch)  # in launch order within a batch
-    earlier = [p for b in batches[:k] for p in b]
-    for p in batch:  # overtaken by at most W - 1 younger groups
-      assert sum(q > p for q in earlier) <= W - 1
+    later = [p for b in batches[k + 1:] for p in b]
+    for p in batch:  # taken while fewer than W older groups were still waiting
+      assert sum(q < p for q in later) <= W - 1
   ids = _positions(consumed, cfg.tasks.train_size)
   assert len(ids) == len(set(ids))
 

@@ -22,6 +22,7 @@ past its time limit).
 
 from __future__ import annotations
 
+import abc
 import multiprocessing
 import threading
 from collections.abc import Mapping
@@ -35,7 +36,7 @@ def _build(spec: str, kwargs: Mapping[str, Any]):
   return host.load_factory(spec)(**dict(kwargs))
 
 
-class _Proxy:
+class _Proxy(abc.ABC):
   """Forwards the protocol's calls through ``self._call(method, *args)``.
 
   The environment describes itself (its methods and tools) once it is
@@ -46,8 +47,13 @@ class _Proxy:
 
   _ready = False
 
+  @abc.abstractmethod
   def _describe(self) -> tuple[frozenset, Any]:
-    raise NotImplementedError
+    """Waits for the environment to be built; its methods and ``tools``."""
+
+  @abc.abstractmethod
+  def _call(self, method: str, *args):
+    """``env.method(*args)`` where the environment lives."""
 
   def _wait_ready(self) -> None:
     if not self._ready:

@@ -7,8 +7,8 @@ group it belongs to, so a slow episode holds up only its own row. Groups
 order; finished groups are collected into batches by windowed FIFO
 (:mod:`agentic_rl.invariants.shift.fifo`, ``shift.fifo_window_ratio``):
 only the first W = ceil(ratio * P) launched groups not yet collected may
-be taken, so a group is overtaken by at most W - 1 younger ones and easy,
-fast prompts cannot crowd out hard, slow ones. Without a ratio any
+be taken, so a group is taken only while fewer than W older ones wait and
+easy, fast prompts cannot crowd out hard, slow ones. Without a ratio any
 finished group is taken (first finished, first out).
 
 The staleness bound holds for every token: batch k is consumed at learner
@@ -161,8 +161,7 @@ class HostStream:
         self.todo.appendleft((int(gid), j))
       if old:
         self.replayed += len(old)
-        self.queue = shift.LaunchQueue(self.queue.group_ids, self.queue.finished
-                                       & (self.queue.group_ids != gid))
+        self.queue = shift.finish(self.queue, [gid], finished=False)
     self.queue, taken = shift.collect(self.queue, P - len(self.batch), self.window)
     self.batch.extend(int(g) for g in taken)
     if len(self.batch) == P:

@@ -5,8 +5,9 @@ collection (take whatever finished first) biases batches towards fast, easy
 episodes; strict FIFO stalls on the slowest one. Windowed FIFO (MiniMax Forge,
 2026; docs/references.md#windowed-fifo) takes only finished groups among the first W launched
 groups not yet collected: the window at the head of the queue slides forward as
-its oldest groups are collected, so a group can be overtaken by at most W - 1
-younger ones.
+its oldest groups are collected, so a group is taken only while fewer than W
+older groups are still waiting, and a slow group holds back collection once W
+younger ones have finished.
 
 The queue is a frozen dataclass of numpy arrays; every function returns a new
 queue.
@@ -60,8 +61,9 @@ def launch(queue: LaunchQueue, group_ids) -> LaunchQueue:
                      np.concatenate([queue.finished, np.zeros(ids.size, bool)]))
 
 
-def finish(queue: LaunchQueue, group_ids) -> LaunchQueue:
-  """Marks groups as finished.
+def finish(queue: LaunchQueue, group_ids, finished: bool = True) -> LaunchQueue:
+  """Marks groups as finished (or, with ``finished=False``, as running
+  again: some of their rollouts are to be played again).
 
   Raises:
     ValueError: when an id is not in the queue.
@@ -70,7 +72,9 @@ def finish(queue: LaunchQueue, group_ids) -> LaunchQueue:
   known = np.isin(ids, queue.group_ids)
   if not known.all():
     raise ValueError(f"group ids {ids[~known].tolist()} are not in the queue")
-  return LaunchQueue(queue.group_ids, queue.finished | np.isin(queue.group_ids, ids))
+  hit = np.isin(queue.group_ids, ids)
+  return LaunchQueue(queue.group_ids, queue.finished | hit if finished
+                     else queue.finished & ~hit)
 
 
 def collect(queue: LaunchQueue, max_groups: int,
