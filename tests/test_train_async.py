@@ -6,13 +6,17 @@ import os
 import threading
 import time
 
+import jax
 import numpy as np
 import pytest
 
+from agentic_rl import model as model_lib
 from agentic_rl.envs import text_games
+from agentic_rl.train import config as config_lib
 from agentic_rl.train import loop
 from agentic_rl.train import metrics as metrics_lib
 from agentic_rl.train import rl
+from agentic_rl.train import run as run_lib
 from agentic_rl.train import stream as stream_lib
 from experiments.configs import default
 
@@ -194,3 +198,49 @@ def test_the_async_actor_on_the_jitted_families(tmp_path):
   records = metrics_lib.read_metrics(os.path.join(str(tmp_path), "metrics.jsonl"))
   assert summary["steps"] == 2
   assert all(r["shift/staleness_max"] <= 1 for r in records)
+
+
+def _weights_that_change(params):
+  """Weights whose version goes up by one at each call from the third to
+  the sixth (four updates while the episodes run)."""
+  calls = [0]
+
+  def weights():
+    calls[0] += 1
+    return params, min(max(0, calls[0] - 2), 4)
+  return weights
+
+
+def test_restart_replays_episodes_that_new_weights_interrupt():
+  """The actor's batch-by-batch collection on a host environment with
+  weights updated mid-rollout: kept, episodes span versions; with restart,
+  each is played again under the newest."""
+  cfg = _async_cfg(host_env="guess_number")
+  run = run_lib.build(cfg)
+  params = model_lib.init_params(run.model_config, jax.random.key(0))
+  sampling = config_lib.sampling_config(cfg)
+  versions = {}
+  for restart in (False, True):
+    ro = run.rollout(params, sampling, "train", np.arange(8), jax.random.key(1), 0, 8,
+                     weights=_weights_that_change(params), restart=restart)
+    mask, version = np.asarray(ro.loss_mask_BxT) > 0, np.asarray(ro.version_BxT)
+    versions[restart] = [set(v[m].tolist()) for m, v in zip(mask, version)]
+  assert any(len(v) > 1 for v in versions[False])
+  assert all(len(v) <= 1 for v in versions[True])
+
+
+def test_restart_reaches_the_batch_by_batch_collection(tmp_path, monkeypatch):
+  # Allocators other than uniform collect batch by batch through Run.rollout.
+  seen = []
+  original = run_lib.Run.rollout
+
+  def rollout(self, *args, **kwargs):
+    seen.append(kwargs.get("restart"))
+    return original(self, *args, **kwargs)
+
+  monkeypatch.setattr(run_lib.Run, "rollout", rollout)
+  cfg = _async_cfg(iterations=1, staleness=1, host_env="guess_number")
+  cfg.rl.signal.allocation = "dynamic"
+  cfg.rl.shift.partial_rollout = "restart"
+  loop.train(cfg, str(tmp_path))
+  assert True in seen  # the actor's rollouts (evaluation's pass no restart)

@@ -195,9 +195,9 @@ class HostLoop:
         environment calls are applied and ended rows refilled; None runs a
         segment until every live row awaits its environment.
       stale: ``stale(tag, oldest_version) -> bool``, asked before every
-        segment for each running episode with policy tokens (the version of
-        its oldest one): True replays it from its reset (same seed and key)
-        under the current weights.
+        segment (after ``weights``) for each running episode with policy
+        tokens (the version of its oldest one): True replays it from its
+        reset (same seed and key) under the current weights.
       stop: ``() -> bool``, asked before every segment.
     """
     B = self.batch_size
@@ -259,17 +259,18 @@ class HostLoop:
             self._env_step(host, b, self._action_ids(host, b), _checked_step(out), actor,
                            episodes[b].tag)
         live = ~host.ended_B & ~host.awaiting_B
-        if stale is not None:
-          for b in np.flatnonzero(live & (host.loss_mask_BxT.max(axis=1) > 0)):
-            if stale(episodes[b].tag, int(host.version_BxT[b][host.loss_mask_BxT[b] > 0].min())):
-              begin(b, episodes[b])
-          live = ~host.ended_B & ~host.awaiting_B
         if not live.any():
           continue
         new_params, new_version = weights()
         if int(new_version) != int(version):
           params, version = new_params, check_version(new_version)
           prefill_B[:] = True
+        if stale is not None:  # asked under the weights the next segment uses
+          for b in np.flatnonzero(live & (host.loss_mask_BxT.max(axis=1) > 0)):
+            if stale(episodes[b].tag, int(host.version_BxT[b][host.loss_mask_BxT[b] > 0].min())):
+              begin(b, episodes[b])
+          if not (~host.ended_B & ~host.awaiting_B).any():
+            continue
         if prefill_B.any():
           cache = self._prefill_rows(params, host, cache, np.flatnonzero(prefill_B))
           prefill_B[:] = False

@@ -232,7 +232,8 @@ def collect(run: Run, rl: RLStage, actor, prompts: PromptSource,
     ids = np.repeat(np.asarray(ids_N), n)
     ro = run.rollout(params, rl.sampling, "train", ids, k, version, rl.rows,
                      temperature=tau if scheduled else None,
-                     weights=weights if callable(actor) else None)
+                     weights=weights if callable(actor) else None,
+                     restart=rl.shift_cfg.partial_rollout == "restart")
     return (ro.reward_components["outcome"] > 0.5).reshape(len(ids_N), n), ro
 
   draw = functools.partial(prompts.draw, history=history, step=step)
