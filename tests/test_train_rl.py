@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import struct
 
-from agentic_rl.invariants import exploration, signal
+from agentic_rl.invariants import exploration, shift, signal
 from agentic_rl.invariants.host import host_rng
 from agentic_rl.train import rl
 
@@ -28,8 +28,8 @@ class _Run:
     self.p_true, self.calls = p_true, []
 
   def rollout(self, params, sampling, split, ids, key, version, rows, temperature=None,
-              weights=None):
-    self.calls.append((split, len(ids), rows, temperature))
+              weights=None, restart=False):
+    self.calls.append((split, len(ids), rows, temperature, restart))
     outcome = host_rng(key).random(len(ids)) < self.p_true[ids]
     return _Rollout(np.asarray(ids), np.full(len(ids), version),
                     {"outcome": outcome.astype(np.float32)})
@@ -38,7 +38,7 @@ class _Run:
 def _stage(allocation, P=4, G=3, **signal_kw):
   return rl.RLStage(P, G, 1, sampling=None, objective=None, needs=frozenset(),
                     signal_cfg=signal.SignalConfig(allocation=allocation, **signal_kw),
-                    shift_cfg=None, explore_cfg=exploration.ExplorationConfig(),
+                    shift_cfg=shift.ShiftConfig(), explore_cfg=exploration.ExplorationConfig(),
                     step_fn=None, state_sharding=None)
 
 
@@ -68,7 +68,8 @@ def test_collect_keeps_the_allocated_rollouts_group_by_group(allocation):
   np.testing.assert_array_equal(batch.reward_components["outcome"] > 0.5, sampled.success)
   assert (batch.version == 7).all()
   assert len(sampled.generated.prompt) == sampled.metrics["signal/rollouts"]
-  assert all(rows == 12 and split == "train" for split, _, rows, _ in run.calls)
+  assert all(rows == 12 and split == "train" and not restart
+             for split, _, rows, _, restart in run.calls)
   if allocation == "knapsack":
     assert layout.size is None and layout.sizes.sum() == 12
   else:
