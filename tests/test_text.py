@@ -175,3 +175,33 @@ def test_frame_observation(codec, use_jit):
   two = codec.tokenizer.encode("2")
   f, fl = codec_lib.frame_observation(jnp.array(two + [0]), jnp.array(len(two)), codec.ids)
   np.testing.assert_array_equal(enc.ids[-(len(two) + 2):], np.asarray(f)[:int(fl)])
+
+
+_CALC = {"name": "calc", "description": "evaluate", "parameters": {
+    "type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]}}
+
+
+def test_tools_are_offered_in_the_system_message(codec):
+  user = [M("user", "2+2?")]
+  with_tools = codec.decode(codec.encode_prompt(user, tools=[_CALC], escape=True))
+  assert with_tools[0].role == "system" and "calc(expr: string)" in with_tools[0].content
+  assert with_tools[1:] == user
+  system = [M("system", "Be brief."), *user]
+  merged = codec.decode(codec.encode_prompt(system, tools=[_CALC], escape=True))
+  assert merged[0].content.startswith("Be brief.\n") and "calc" in merged[0].content
+  assert len(merged) == 2
+
+
+def test_parse_tool_call(codec):
+  call = codec.tokenizer.encode('<tool_call>{"name": "calc", "arguments": {"expr": "2+2"}}'
+                                '</tool_call>')
+  assert codec.calls_tool(call)
+  assert codec.parse_tool_call(call, [_CALC]) == codec_lib.ToolCall("calc", {"expr": "2+2"})
+  answer = codec.tokenizer.encode("<answer>4</answer>")
+  assert not codec.calls_tool(answer) and codec.parse_tool_call(answer, [_CALC]) is None
+  assert codec.action_text(answer) == "<answer>4</answer>"
+  for bad, says in (('{"name": "calc"', "not JSON"), ('{"name": "sql", "arguments": {}}', "no tool"),
+                    ('{"name": "calc", "arguments": {"expr": 4}}', "must be string"),
+                    ('{"name": "calc", "arguments": {}}', "missing")):
+    with pytest.raises(codec_lib.ToolCallError, match=says):
+      codec.parse_tool_call(codec.tokenizer.encode(f"<tool_call>{bad}</tool_call>"), [_CALC])

@@ -34,8 +34,8 @@ ends the episode ("obs_overflow", the default).
 
 An environment may offer tools: ``tools``, a list of JSON schemas, and
 ``call_tool(name, arguments) -> (observation, reward, done)``. They are
-described in the system prompt, and an action ending with ``</tool_call>``
-is parsed by the codec (``Codec.parse_tool_call``) and run by
+offered in the prompt (``Codec.encode_prompt(tools=)``), and an action that
+calls one is parsed by the codec (``Codec.parse_tool_call``) and run by
 ``call_tool``; a malformed call (not JSON, an unknown tool, arguments that
 do not match the schema) is answered with an error observation, counted
 in ``num_tool_errors_B``, without calling the environment. Other actions
@@ -124,6 +124,8 @@ class HostLoop:
       raise ValueError(f"obs_overflow must be one of {OBS_OVERFLOW}, got {obs_overflow!r}")
     self.codec = codec
     self.ids = codec.ids
+    # Tokens the codec puts around an observation, at most.
+    self._framing = max(len(codec.frame_observation_ids([], tool=t)) for t in (True, False))
     self.batch_size = batch_size
     self.max_obs_tokens = max_obs_tokens
     self.obs_overflow = obs_overflow
@@ -225,16 +227,16 @@ class HostLoop:
       """Hands row b's closed action to its environment."""
       action = self._action_ids(host, b)
       tools = getattr(episode.env, "tools", None)
-      if not tools or action[-1] != self.ids.tool_call_close:
-        text = self.codec.tokenizer.decode(action)
-        submit(b, "step", lambda env=episode.env, text=text: env.step(text))
-        return
       try:
-        tool_call = self.codec.parse_tool_call(action, tools)
+        tool_call = self.codec.parse_tool_call(action, tools) if tools else None
       except ToolCallError as e:  # the policy is told; the environment never sees it
         host.num_tool_errors_B[b] += 1
         self._env_step(host, b, action, Outcome(value=(f"error: {e}", 0.0, False)), actor,
                        episode.tag)
+        return
+      if tool_call is None:
+        text = self.codec.action_text(action)
+        submit(b, "step", lambda env=episode.env, text=text: env.step(text))
         return
       submit(b, "step", lambda env=episode.env, c=tool_call: env.call_tool(c.name, c.arguments))
 
@@ -319,7 +321,7 @@ class HostLoop:
         jnp.asarray(pad_batch(prompts, T, self.ids.pad)),
         jnp.asarray([len(p) for p in prompts], jnp.int32), jax.random.key(0), max_len=T,
         max_turns=self.sampling.max_turns, pad_id=self.ids.pad,
-        queue_width=self.max_obs_tokens + 2,
+        queue_width=self.max_obs_tokens + self._framing,
         script_BxS=jnp.zeros((n, self.sampling.max_new_tokens_per_turn), jnp.int32),
         script_len_B=jnp.zeros((n,), jnp.int32), reward_components={}, env_state=None)
     return jax.tree.map(np.array, state.replace(key_B=jax.random.key_data(keys)))
@@ -332,11 +334,12 @@ class HostLoop:
       out = Outcome(error=TypeError(f"reset must return str, got {type(out.value).__name__}"))
     status = _failure(out)
     obs = "" if status else out.value
-    prompt = self.codec.encode_prompt(self._prompt_messages(obs, episode.env), escape=True)
+    tools = getattr(episode.env, "tools", None)
+    prompt = self.codec.encode_prompt(self._prompt_messages(obs), tools=tools, escape=True)
     T = self.sampling.max_total_tokens
     if len(prompt) >= T:  # no room to act: the episode ends before it starts
       status = _STATUS["obs_overflow"]
-      prompt = self.codec.encode_prompt(self._prompt_messages("", episode.env), escape=True)
+      prompt = self.codec.encode_prompt(self._prompt_messages(""), tools=tools, escape=True)
       if len(prompt) >= T:
         raise ValueError(f"a prompt of {len(prompt)} tokens (the system prompt and "
                          f"framing) does not fit in the KV cache of max_total_tokens={T}")
@@ -358,14 +361,10 @@ class HostLoop:
   def _row(self, s: RolloutState, b: int) -> Rollout:
     return jax.tree.map(np.asarray, jax.tree.map(lambda x: x[b:b + 1].copy(), s).to_rollout())
 
-  def _prompt_messages(self, observation: str, env: TextEnv) -> list[Message]:
-    """The system prompt (with the environment's tools, if it offers any)
-    and the first observation."""
-    system = [self.system_prompt] if self.system_prompt else []
-    if tools := getattr(env, "tools", None):
-      system.append(self.codec.describe_tools(tools))
-    return ([Message("system", "\n".join(system))] if system else []) + [
-        Message("user", observation)]
+  def _prompt_messages(self, observation: str) -> list[Message]:
+    """The system prompt, if any, and the first observation."""
+    system = [Message("system", self.system_prompt)] if self.system_prompt else []
+    return system + [Message("user", observation)]
 
   def _action_ids(self, s: RolloutState, b: int) -> np.ndarray:
     cur, seg = int(s.cur_B[b]), int(s.seg_len_B[b])
@@ -381,7 +380,8 @@ class HostLoop:
     if s.num_actions_B[b] < s.call_hashes_BxC.shape[1]:  # the behaviour path: what was done
       s.call_hashes_BxC[b, s.num_actions_B[b]] = zlib.crc32(action_ids.tobytes()) & 0x7FFFFFFF
     s.num_actions_B[b] += 1
-    s.num_tool_calls_B[b] += int(action_ids[-1] == self.ids.tool_call_close)
+    called = self.codec.calls_tool(action_ids)
+    s.num_tool_calls_B[b] += int(called)
     if failure := _failure(out):
       s.status_B[b], s.truncated_B[b] = failure, True
       return
@@ -399,12 +399,11 @@ class HostLoop:
         return
       obs_ids = obs_ids[:self.max_obs_tokens]
       s.obs_clipped_B[b] += 1
-    n = len(obs_ids)
+    framed = self.codec.frame_observation_ids(obs_ids, tool=called)
     # The framed observation and one more policy token must fit.
-    if s.num_actions_B[b] >= self.sampling.max_turns or cur + n + 2 + 1 > T - 1:
+    if s.num_actions_B[b] >= self.sampling.max_turns or cur + len(framed) + 1 > T - 1:
       s.truncated_B[b] = True
       return
-    framed = self.codec.frame_observation_ids(obs_ids)
     s.queue_BxQ[b] = self.ids.pad
     s.queue_BxQ[b, :len(framed)] = framed
     s.queue_len_B[b] = len(framed)

@@ -155,10 +155,20 @@ class Codec:
     pieces = sorted({tokenizer.id_to_piece(i) for i in self._reserved_ids}, key=len, reverse=True)
     self._reserved_re = re.compile("|".join(re.escape(p) for p in pieces))
 
-  def frame_observation_ids(self, obs_ids: Sequence[int]) -> list[int]:
+  def frame_observation_ids(self, obs_ids: Sequence[int], *, tool: bool = True) -> list[int]:
     """An observation's ids framed as a tool result (on the host; in jit,
-    :func:`frame_observation`)."""
+    :func:`frame_observation`). Every observation is a tool result in this
+    format, the answer to a tool call (``tool``) or not."""
+    del tool
     return [self.ids.tool_result_open, *obs_ids, self.ids.tool_result_close]
+
+  def calls_tool(self, action_ids: Sequence[int] | np.ndarray) -> bool:
+    """Whether an action attempts a tool call: it ends with ``</tool_call>``."""
+    return len(action_ids) > 0 and int(action_ids[-1]) == self.ids.tool_call_close
+
+  def action_text(self, action_ids: Sequence[int] | np.ndarray) -> str:
+    """The text an environment's ``step`` receives for an action."""
+    return self.tokenizer.decode(action_ids)
 
   # ---------------------------------------------------------------- tools
   def describe_tools(self, tools: Sequence[Mapping[str, Any]]) -> str:
@@ -172,17 +182,18 @@ class Codec:
     return "\n".join(lines)
 
   def parse_tool_call(self, action_ids: Sequence[int] | np.ndarray,
-                      tools: Sequence[Mapping[str, Any]]) -> ToolCall:
+                      tools: Sequence[Mapping[str, Any]]) -> ToolCall | None:
     """The call in an action that ends with ``</tool_call>``: the JSON
-    object after its last ``<tool_call>``.
+    object after its last ``<tool_call>``; None for an action that calls no
+    tool (:meth:`calls_tool`).
 
     Raises:
       ToolCallError: the call is malformed, names no tool of ``tools`` or
         its arguments do not match the tool's schema.
     """
+    if not self.calls_tool(action_ids):
+      return None
     ids = [int(t) for t in action_ids]
-    if not ids or ids[-1] != self.ids.tool_call_close:
-      raise ToolCallError("a tool call ends with </tool_call>")
     opens = [i for i, t in enumerate(ids) if t == self.ids.tool_call_open]
     if not opens:
       raise ToolCallError("a tool call starts with <tool_call>")
@@ -296,8 +307,19 @@ class Codec:
     return Encoded(as_np(ids, np.int32), as_np(mask, np.float32),
                    as_np(roles, np.int32), as_np(turns, np.int32))
 
-  def encode_prompt(self, messages: Sequence[Message], *, escape: bool = False) -> np.ndarray:
-    """Prompt ids ending with the assistant header, ready for generation."""
+  def encode_prompt(self, messages: Sequence[Message], *, tools=None,
+                    escape: bool = False) -> np.ndarray:
+    """Prompt ids ending with the assistant header, ready for generation.
+
+    ``tools`` (JSON schemas) are offered in the system message
+    (:meth:`describe_tools`, after the system text if there is one)."""
+    if tools:
+      messages = list(messages)
+      offer = self.describe_tools(tools)
+      if messages and messages[0].role == "system":
+        messages[0] = Message("system", f"{messages[0].content}\n{offer}")
+      else:
+        messages.insert(0, Message("system", offer))
     return self.encode(messages, add_generation_prompt=True, escape=escape).ids
 
   # ---------------------------------------------------------------- decode
