@@ -3,10 +3,12 @@ r"""Export a run's policy as a Hugging Face checkpoint.
   python -m experiments.export --workdir=/tmp/run --out=/tmp/run/hf
 
 Writes ``config.json`` and ``model.safetensors`` for the latest checkpoint
-of the run in ``--workdir`` (its saved ``config.json`` says the model):
+of the run in ``--workdir`` (its saved ``config.json`` says the model), and
+for a run that started from a checkpoint (``config.model.init_from``) its
+tokenizer files and chat template:
 ``transformers.AutoModelForCausalLM.from_pretrained(OUT)`` loads it, as
-``LlamaForCausalLM`` for the project's own model (or Qwen2, Qwen3, Gemma
-where the config has their features; ``agentic_rl.model.hf``).
+``LlamaForCausalLM`` for the project's own model, or as the architecture of
+the checkpoint the run started from (``agentic_rl.model.hf``).
 
 With ``--check`` (needs torch and transformers) it then measures the
 deployed distribution: the policy plays ``--check_prompts`` held-out
@@ -21,15 +23,13 @@ import os
 
 import jax
 import ml_collections
-import numpy as np
 from absl import app
 from absl import flags
 
 from agentic_rl import model as model_lib
-from agentic_rl.model import hf
-from agentic_rl.text import load_tokenizer
 from agentic_rl.train import checkpoint, resume
 from agentic_rl.train import config as config_lib
+from agentic_rl.train import export as export_lib
 from agentic_rl.train import run as run_lib
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (with checkpoints).",
@@ -47,7 +47,7 @@ def _load(workdir: str):
   if saved is None:
     raise ValueError(f"{workdir} has no config.json: is it a run directory?")
   cfg = ml_collections.ConfigDict(saved)
-  config = config_lib.model_config(cfg, load_tokenizer().vocab_size)
+  config = config_lib.model_config(cfg)
   like = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.key(0)))
   return cfg, config, checkpoint.load_params(workdir, like=like)
 
@@ -55,35 +55,15 @@ def _load(workdir: str):
 def export(workdir: str, out: str) -> str:
   """Writes the latest checkpoint of ``workdir`` to ``out``; returns the
   architecture written."""
-  _, config, params = _load(workdir)
-  hf.save_hf_checkpoint(out, config, params)
-  return hf.architecture_of(config)
+  cfg, config, params = _load(workdir)
+  return export_lib.export_policy(cfg, config, params, out)
 
 
 def deploy_check(workdir: str, out: str, num_prompts: int = 8) -> dict[str, float]:
-  """``shift/deploy_logprob_diff_max`` and ``..._mean``: how far the
-  exported model's per-token log-probs (transformers, fp32) are from the
-  learner's on ``num_prompts`` held-out episodes the policy plays."""
-  import torch  # pylint: disable=g-import-not-at-top  (optional: the test extra)
-  import transformers  # pylint: disable=g-import-not-at-top
-
-  cfg, config, params = _load(workdir)
-  run = run_lib.build(cfg)
-  ro = run.rollout(params, config_lib.sampling_config(cfg), "test", np.arange(num_prompts),
-                   jax.random.key(cfg.seed), 0, cfg.eval.batch_rows)
-  tokens, mask = np.asarray(ro.tokens_BxT), np.asarray(ro.loss_mask_BxT)[:, 1:] > 0
-  with jax.default_matmul_precision("float32"):
-    logits = model_lib.forward(params, tokens, config)
-  ours = np.asarray(jax.nn.log_softmax(logits[:, :-1], axis=-1))
-  net = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-  with torch.no_grad():
-    theirs = torch.log_softmax(net(torch.tensor(tokens)).logits[:, :-1].float(), -1).numpy()
-  targets = tokens[:, 1:, None]
-  diff = np.abs(np.take_along_axis(ours, targets, -1) - np.take_along_axis(theirs, targets, -1))
-  diff = diff[..., 0][mask]
-  return {"shift/deploy_logprob_diff_max": float(diff.max(initial=0.0)),
-          "shift/deploy_logprob_diff_mean": float(diff.mean()) if diff.size else 0.0,
-          "tokens": int(diff.size)}
+  """:func:`agentic_rl.train.export.deploy_check` of the latest checkpoint
+  of ``workdir``, exported in ``out``."""
+  cfg, _, params = _load(workdir)
+  return export_lib.deploy_check(run_lib.build(cfg), params, out, num_prompts)
 
 
 def main(argv):

@@ -34,7 +34,7 @@ def test_a_run_exports_and_transformers_reproduces_its_logits(tmp_path):
   assert "LlamaForCausalLM" in done.stdout
   # The deployed model's per-token log-probs on the run's own rollouts.
   check = json.loads((tmp_path / "hf" / "deploy_check.json").read_text())
-  assert check["tokens"] > 0 and check["shift/deploy_logprob_diff_max"] <= 1e-5
+  assert check["shift/deploy_tokens"] > 0 and check["shift/deploy_logprob_diff_max"] <= 1e-5
   net = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
   config = run_lib.build(cfg).model_config  # the run's own model
   like = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.key(0)))
@@ -52,3 +52,31 @@ def test_export_refuses_a_directory_that_is_not_a_run(tmp_path):
                          f"--out={tmp_path / 'hf'}"], cwd=_ROOT, capture_output=True,
                         text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=600)
   assert done.returncode != 0 and "no config.json" in done.stderr
+
+
+def test_a_run_ends_with_the_deployment_check_when_asked(tmp_path):
+  pytest.importorskip("transformers")
+  cfg = default.get_config("tiny")
+  cfg.stages = ("sft",)
+  cfg.sft.steps = 1
+  cfg.export.deploy_check = "on"
+  summary = loop.train(cfg, str(tmp_path / "on"))
+  assert summary["shift/deploy_tokens"] > 0
+  assert summary["shift/deploy_logprob_diff_max"] <= 1e-5
+  cfg.export.deploy_check = "off"
+  assert "shift/deploy_tokens" not in loop.train(cfg, str(tmp_path / "off"))
+
+
+def test_deploy_check_modes_are_validated(monkeypatch):
+  from agentic_rl.train import config as config_lib  # pylint: disable=g-import-not-at-top
+  from agentic_rl.train import export as export_lib  # pylint: disable=g-import-not-at-top
+  cfg = default.get_config("tiny")
+  cfg.export.deploy_check = "always"
+  with pytest.raises(config_lib.ConfigError, match="deploy_check is 'always'"):
+    config_lib.validate(cfg)
+  cfg.export.deploy_check = "on"
+  monkeypatch.setattr(export_lib, "transformers_available", lambda: False)
+  with pytest.raises(config_lib.ConfigError, match="needs torch and transformers"):
+    config_lib.validate(cfg)
+  cfg.export.deploy_check = "auto"
+  config_lib.validate(cfg)  # auto without transformers: no check, no error

@@ -131,9 +131,14 @@ def test_sampled_policy_stays_consistent(model, loop):
 def test_bad_actions_and_prompts_raise(codec, model, loop):
   config, params = model
   envs = [CountdownEnv(), CountdownEnv()]
-  with pytest.raises(ValueError, match="exactly one stop"):
+  with pytest.raises(ValueError, match="no stop token .* but at its end"):
     loop.run(params, envs, [0, 0], jax.random.key(0), 0,
-             actor=lambda r, o: "no stop token")
+             actor=lambda r, o: "<answer>1</answer> and more")
+  # An action without a stop id is closed by the codec's end of turn.
+  out = loop.run(params, envs, [0, 0], jax.random.key(0), 0, actor=lambda r, o: "no stop")
+  tokens, mask = np.asarray(out.tokens_BxT)[0], np.asarray(out.loss_mask_BxT)[0]
+  first = np.flatnonzero(mask)[:len(codec.tokenizer.encode("no stop")) + 1]
+  assert tokens[first].tolist() == codec.tokenizer.encode("no stop") + [codec.ids.end]
   with pytest.raises(ValueError, match="exceeds max_new_tokens_per_turn"):
     loop.run(params, envs, [0, 0], jax.random.key(0), 0,
              actor=lambda r, o: "<answer>" + "1" * 20 + "</answer>")

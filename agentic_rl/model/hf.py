@@ -199,6 +199,15 @@ def _read_tensors(path: str) -> dict[str, np.ndarray]:
   return tensors
 
 
+def read_config(path: str) -> dict[str, Any]:
+  """The ``config.json`` dict of the checkpoint directory ``path``."""
+  config_path = os.path.join(path, "config.json")
+  if not os.path.exists(config_path):
+    raise ValueError(f"no config.json in {path}")
+  with open(config_path) as f:
+    return json.load(f)
+
+
 def load_hf_checkpoint(path: str, **overrides):
   """Load an HF checkpoint directory; returns ``(config, params)``.
 
@@ -206,11 +215,16 @@ def load_hf_checkpoint(path: str, **overrides):
   config's ``param_dtype``. Missing or unexpected tensors raise
   ``ValueError``.
   """
-  config_path = os.path.join(path, "config.json")
-  if not os.path.exists(config_path):
-    raise ValueError(f"no config.json in {path}")
-  with open(config_path) as f:
-    config = config_from_hf(json.load(f), **overrides)
+  config = config_from_hf(read_config(path), **overrides)
+  return config, jax.tree.map(jnp.asarray, load_hf_params(path, config))
+
+
+def load_hf_params(path: str, config: TransformerConfig):
+  """The parameters of the checkpoint directory ``path`` as host (numpy)
+  arrays in ``config.param_dtype``, in :func:`init_params`' layout, for
+  ``config`` (from :func:`config_from_hf`, possibly with other runtime
+  fields): placed on devices by the caller, e.g. sharded over a mesh.
+  Missing or unexpected tensors raise ``ValueError``."""
   tensors = _read_tensors(path)
 
   def take(name: str) -> np.ndarray:
@@ -235,7 +249,7 @@ def load_hf_checkpoint(path: str, **overrides):
     raise ValueError(f"checkpoint {path} has tensors this loader does not "
                      f"map (unsupported features?): {sorted(unexpected)[:5]}")
   dtype = config.params_dtype
-  return config, jax.tree.map(lambda w: jnp.asarray(w, dtype), params)
+  return jax.tree.map(lambda w: np.asarray(w, dtype), params)
 
 
 def save_hf_checkpoint(path: str, config: TransformerConfig, params) -> None:

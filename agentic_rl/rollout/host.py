@@ -43,7 +43,8 @@ go to ``step``.
 
 An optional ``actor(tag, observation) -> action_text`` scripts the policy:
 its actions are forced as policy tokens (loss mask 1, log-probs recorded)
-instead of sampled. Each action must end with exactly one stop id.
+instead of sampled. An action has no stop id but maybe at its end; one
+without gets the codec's end of turn (``Codec.turn_end_id``).
 """
 
 from __future__ import annotations
@@ -413,10 +414,12 @@ class HostLoop:
 
   def _script(self, s: RolloutState, b: int, action: str):
     ids = self.codec.tokenizer.encode(action)
+    if ids and ids[-1] not in self.ids.stop_ids:  # the codec's end of turn closes it
+      ids.append(self.codec.turn_end_id)
     stops = [i for i, t in enumerate(ids) if t in self.ids.stop_ids]
-    if not ids or stops != [len(ids) - 1]:
-      raise ValueError(f"a scripted action must end with exactly one stop "
-                       f"token {self.ids.stop_ids}, got {action!r}")
+    if stops != [len(ids) - 1]:
+      raise ValueError(f"a scripted action must be text with no stop token "
+                       f"{self.ids.stop_ids} but at its end, got {action!r}")
     if len(ids) > s.script_BxS.shape[1]:
       raise ValueError(f"scripted action of {len(ids)} tokens exceeds "
                        f"max_new_tokens_per_turn={s.script_BxS.shape[1]}")

@@ -162,6 +162,11 @@ class Codec:
     del tool
     return [self.ids.tool_result_open, *obs_ids, self.ids.tool_result_close]
 
+  @property
+  def turn_end_id(self) -> int:
+    """The stop id that ends a turn without calling a tool or answering."""
+    return self.ids.end
+
   def calls_tool(self, action_ids: Sequence[int] | np.ndarray) -> bool:
     """Whether an action attempts a tool call: it ends with ``</tool_call>``."""
     return len(action_ids) > 0 and int(action_ids[-1]) == self.ids.tool_call_close

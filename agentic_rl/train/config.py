@@ -24,7 +24,9 @@ from agentic_rl.invariants.alarms import Band
 from agentic_rl.kernels import backends
 from agentic_rl.rollout.host import OBS_OVERFLOW
 from agentic_rl.rollout.sampling import SamplingConfig
+from agentic_rl.text import load_codec
 from agentic_rl.text import tokenizer as tok_lib
+from agentic_rl.train import export as export_lib
 from agentic_rl.train import sharding
 
 STAGE_KINDS = ("sft", "rl")
@@ -46,13 +48,32 @@ def _err(msg: str):
   raise ConfigError(msg)
 
 
-def model_config(cfg, vocab_size: int) -> model_lib.TransformerConfig:
+# config.model keys that say how the policy runs, not what it computes: the
+# ones that apply to a checkpoint's model (config.model.init_from), whose
+# architecture comes from its config.json.
+RUNTIME_KEYS = ("dtype", "param_dtype", "attn_impl", "remat", "scan_unroll",
+                "backward_recompute")
+
+
+def model_config(cfg) -> model_lib.TransformerConfig:
   """The validated model config, ``attn_impl`` resolved for this platform
-  (``"auto"`` becomes a backend; one that cannot run here is refused)."""
+  (``"auto"`` becomes a backend; one that cannot run here is refused).
+
+  With ``config.model.init_from`` (a Hugging Face checkpoint directory) the
+  architecture is the checkpoint's and only :data:`RUNTIME_KEYS` of
+  ``config.model`` apply; otherwise it is ``config.model`` with the
+  project tokenizer's vocabulary."""
   m = dict(cfg.model)
   m.pop("logprob_impl")
-  config = model_lib.TransformerConfig(vocab_size=vocab_size, **m).validate()
+  init_from = m.pop("init_from", "")
   try:
+    if init_from:
+      config = model_lib.hf.config_from_hf(
+          model_lib.hf.read_config(init_from),
+          **{k: v for k, v in m.items() if k in RUNTIME_KEYS})
+    else:
+      config = model_lib.TransformerConfig(
+          vocab_size=tok_lib.load_tokenizer().vocab_size, **m).validate()
     return config.resolved()
   except ValueError as e:
     raise ConfigError(f"config.model.{e}") from None
@@ -272,6 +293,23 @@ def _validate_host_tasks(cfg) -> None:
            f"one temperature (config.{name}.temperature); keep the schedule 'constant'")
 
 
+def _validate_init_from(cfg, path: str) -> None:
+  """``config.model.init_from``: a local checkpoint with its own tokenizer,
+  which only host environments can use."""
+  where = f"config.model.init_from={path!r}"
+  if not os.path.isdir(path):
+    _err(f"{where} is not a directory: give a local Hugging Face checkpoint (config.json, "
+         "*.safetensors, tokenizer files); nothing is downloaded")
+  if cfg.tasks.get("source", "jax") != "host":
+    _err(f"{where}: a checkpoint's own tokenizer lacks the reserved single-id tokens the "
+         "built-in jitted task families read, so a pretrained policy trains on host "
+         "environments: set --config.tasks.source=host and --config.tasks.host_env")
+  try:
+    load_codec(path)
+  except (ValueError, OSError) as e:
+    _err(f"{where}: its tokenizer cannot be loaded: {e}")
+
+
 def validate(cfg) -> None:
   """Raises :class:`ConfigError` naming the problem and the fix; builds nothing."""
   try:
@@ -315,10 +353,15 @@ def _validate(cfg) -> None:
          f"{cfg.tasks.difficulty!r}")
   if len(cfg.tasks.weights) != len(cfg.tasks.families):
     _err("config.tasks.weights needs one weight per family in config.tasks.families")
-  tok = tok_lib.load_tokenizer()  # also checks the reserved pieces
-  model_cfg = model_config(cfg, tok.vocab_size)
+  if init_from := cfg.model.get("init_from", ""):
+    _validate_init_from(cfg, init_from)
+  model_cfg = model_config(cfg)
   check_logprob_impl(cfg)
   sampling_config(cfg)
+  export_lib.wants_deploy_check(cfg, model_cfg)
+  if not 0 < cfg.export.check_prompts <= cfg.tasks.test_size:
+    _err(f"config.export.check_prompts must be in [1, config.tasks.test_size="
+         f"{cfg.tasks.test_size}], got {cfg.export.check_prompts}")
   if cfg.micro_batches < 1:
     _err(f"config.micro_batches must be >= 1, got {cfg.micro_batches}")
   mesh_cfg = sharding.MeshConfig(**cfg.mesh)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -27,6 +28,7 @@ from agentic_rl.invariants import shift, signal
 from agentic_rl.train import checkpoint as checkpoint_lib
 from agentic_rl.train import config as config_lib
 from agentic_rl.train import actor as actor_lib
+from agentic_rl.train import export as export_lib
 from agentic_rl.train import interrupt, learner, resume, rl, sharding
 from agentic_rl.train import metrics as metrics_lib
 from agentic_rl.train.run import build, evaluate
@@ -175,7 +177,7 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
     d = _Driver(cfg, workdir, stop_after, interrupts)
     progress, restored = d.progress, d.restored
     root_key = jax.random.key(cfg.seed)
-    params = model_lib.init_params(run.model_config, jax.random.fold_in(root_key, 0))
+    params = _initial_params(run, jax.random.fold_in(root_key, 0))
     controls = rl.Controls(signal.init_history(cfg.tasks.train_size), 0.0)
     if restored is not None:
       params, root_key = restored["params"], restored["rng"]
@@ -262,4 +264,21 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
       d.save(learner.TrainState(params, {}, jnp.zeros((), jnp.int32)), (), controls, root_key)
       if stop and progress.stage_index < len(d.stages):
         return d.close(stop)
+    if export_lib.wants_deploy_check(cfg, run.model_config):
+      with tempfile.TemporaryDirectory() as out:
+        export_lib.export_policy(cfg, run.model_config, params, out)
+        d.summary.update(export_lib.deploy_check(
+            run, params, out, cfg.export.check_prompts))
+      print(f"deployed model: per-token log-prob difference at most "
+            f"{d.summary['shift/deploy_logprob_diff_max']:.2e}")
   return d.close()
+
+
+def _initial_params(run, key):
+  """The parameters a run starts from: the checkpoint's (``config.model.
+  init_from``), placed sharded over the mesh as the learner keeps them, or
+  drawn with ``key``."""
+  if path := run.cfg.model.get("init_from", ""):
+    host = model_lib.hf.load_hf_params(path, run.model_config)
+    return jax.device_put(host, learner.params_sharding(run.mesh, run.model_config, host))
+  return model_lib.init_params(run.model_config, key)

@@ -49,6 +49,8 @@ SAFE_ON_RESUME = (
     "checkpoint.keep",
     # How the processes find each other, not what they compute.
     "distributed.",
+    # The deployment check after the last step measures, trains nothing.
+    "export.",
     # The device layout: orbax restores the arrays onto any mesh, and the
     # maths is the same on every layout (up to the order of reductions).
     "mesh.",

@@ -32,7 +32,7 @@ from agentic_rl.rollout.host import HostLoop
 from agentic_rl.rollout.sampling import SamplingConfig
 from agentic_rl.rollout.types import EPISODE_STATUS, Rollout, select_rows
 from agentic_rl.text import codec as codec_lib
-from agentic_rl.text import load_tokenizer
+from agentic_rl.text import load_codec
 from agentic_rl.train import config as config_lib
 from agentic_rl.train import sharding
 
@@ -42,7 +42,7 @@ class Run:
   """Everything built once from the config."""
 
   cfg: Any
-  codec: codec_lib.Codec
+  codec: Any  # agentic_rl.text.Codec, or a checkpoint's ChatCodec (init_from)
   env: Any  # the jitted environment (mixture), or None for host environments
   tasks: Tasks | HostTasks
   model_config: model_lib.TransformerConfig
@@ -180,8 +180,8 @@ class Run:
 
 def build(cfg) -> Run:
   config_lib.validate(cfg)
-  codec = codec_lib.Codec(load_tokenizer())
-  model_config = config_lib.model_config(cfg, codec.tokenizer.vocab_size)
+  codec = load_codec(cfg.model.get("init_from") or None)
+  model_config = config_lib.model_config(cfg)
   mesh = sharding.make_mesh(sharding.MeshConfig(**cfg.mesh))
   if cfg.tasks.source == "host":
     tasks = HostTasks(host_lib.load_factory(cfg.tasks.host_env),

@@ -135,7 +135,14 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       # Kernel backends (agentic_rl.kernels.backends); "auto" is the
       # platform's choice: the XLA references on CPU (the same program as
       # "xla"), the Triton kernels on GPU, the Mosaic TPU kernels on TPU.
-      attn_impl="auto", logprob_impl="auto", remat=False))
+      attn_impl="auto", logprob_impl="auto", remat=False,
+      # A local Hugging Face checkpoint directory (Llama, Qwen2/2.5, Qwen3,
+      # Gemma 1/2/3) to start from: its config.json gives the architecture
+      # (of the keys above only dtype, param_dtype, attn_impl and remat
+      # apply), its weights the parameters, its tokenizer and chat template
+      # the codec. Its tokenizer lacks the reserved tokens the jitted
+      # families read, so it trains on host environments (tasks.source).
+      init_from=""))
   c.tasks = ml_collections.ConfigDict(dict(
       # "jax": the built-in families below, stepped inside the jitted
       # rollout; "host": a Python environment (host_env: "MODULE:FACTORY",
@@ -164,6 +171,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       max_turns=6, max_new_tokens_per_turn=24, max_total_tokens=160))
   c.eval = ml_collections.ConfigDict(dict(
       every=20, num_prompts=128, pass_k=4, pass_k_prompts=32, batch_rows=128))
+  # After the last step: export the policy and score held-out episodes with
+  # it in transformers (shift/deploy_logprob_diff_max in the summary): "auto"
+  # where torch and transformers are installed, "on" (required) or "off".
+  c.export = ml_collections.ConfigDict(dict(deploy_check="auto", check_prompts=8))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   c.micro_batches = 1
   c.checkpoint = ml_collections.ConfigDict(dict(every=20, keep=2))
@@ -191,4 +202,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.tasks.update(train_size=256, test_size=16)
     c.eval.update(every=2, num_prompts=8, pass_k=2, pass_k_prompts=4, batch_rows=8)
     c.checkpoint.every = 2
+    # Loading torch for the deployment check takes seconds: tiny runs skip it
+    # unless asked (--config.export.deploy_check=auto).
+    c.export.update(deploy_check="off", check_prompts=4)
   return c
