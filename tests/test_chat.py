@@ -301,3 +301,29 @@ def test_parse_tool_call(family, codecs):
     with pytest.raises(ToolCallError, match="ends with"):
       parse("<tool_call>\n" + good)
   assert "lookup" in c.describe_tools(TOOLS)
+
+
+def test_render_options_match_transformers(hf):
+  from agentic_rl.text.chat import render
+  template = (
+      "{% set ns = namespace(n=0) %}\n"
+      "{% for m in messages %}\n"
+      "  {% if m.role == 'skip' %}{% continue %}{% endif %}\n"
+      "  {% set ns.n = ns.n + 1 %}\n"
+      "[{{ m.role }}] {{ m.content | tojson }}\n"
+      "    {{ m | tojson(indent=2, sort_keys=True) }}\n"
+      "{% endfor %}\n"
+      "{{ tools | tojson(separators=(',', ':')) }} {{ ns.n }} {{ bos_token }}{{ eos_token }}\n"
+      "{% if add_generation_prompt %}<gen>{% endif %}")
+  conv = [{"role": "user", "content": "café <b>&</b> \"q\""}, {"role": "skip", "content": "x"},
+          {"role": "assistant", "content": "ok", "extra": None}]
+  ref = hf["llama"]
+  want = ref.apply_chat_template(conv, tools=WRAPPED, chat_template=template, tokenize=False,
+                                 add_generation_prompt=True)
+  got = render(template, conv, tools=WRAPPED, add_generation_prompt=True,
+               **HFTokenizer.from_pretrained(ref.name_or_path).special_tokens)
+  assert got == want
+  import jinja2
+  with pytest.raises(jinja2.exceptions.TemplateError, match="nope"):
+    render("{{ raise_exception('nope') }}", conv)
+  assert render("{{ strftime_now('%Y') }}", conv).isdigit()
