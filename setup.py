@@ -37,6 +37,8 @@ setuptools.setup(
         "numpy",
         "tensorboardX",
         "safetensors",
+        "tokenizers",
+        "jinja2>=3.1",
     ],
     extras_require={
         "test": [

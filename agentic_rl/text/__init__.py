@@ -10,13 +10,14 @@ def default_codec() -> Codec:
   return Codec(load_tokenizer())
 
 
-def load_codec(path: str | None = None):
-  """The codec of the checkpoint directory ``path``; the project's codec
-  over the shipped tokenizer when None."""
+def load_codec(path: str | None = None, **kwargs):
+  """The project codec (``path`` None) or a checkpoint's own chat codec
+  (:class:`agentic_rl.text.chat.ChatCodec` of the directory ``path``)."""
   if path is None:
     return default_codec()
-  raise ValueError("checkpoint tokenizers are not supported yet")
+  from agentic_rl.text.chat import ChatCodec  # jinja2 and tokenizers only when asked for
+  return ChatCodec.from_pretrained(path, **kwargs)
 
 __all__ = ["Codec", "Encoded", "FormatIds", "Message", "Tokenizer", "ToolCall", "ToolCallError",
-           "default_codec",
+           "default_codec", "load_codec",
            "frame_observation", "load_tokenizer", "pad_batch"]

@@ -35,7 +35,6 @@ against them (:class:`ToolCallError` says what is wrong).
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -45,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentic_rl.text import tokenizer as tok_lib
+from agentic_rl.text.tools import ToolCall, ToolCallError, check_call, loads_call
 
 ROLES = ("special", "system", "user", "assistant", "tool_call", "tool_result")
 ROLE_ID = {r: i for i, r in enumerate(ROLES)}
@@ -94,42 +94,6 @@ class FormatIds:
   def final_ids(self) -> tuple[int, ...]:
     """Stop tokens that end the episode on the policy's side."""
     return (self.answer_close, self.end, self.eos)
-
-
-@dataclasses.dataclass(frozen=True)
-class ToolCall:
-  """A parsed tool call: the tool's ``name`` and its ``arguments``."""
-
-  name: str
-  arguments: dict[str, Any]
-
-
-class ToolCallError(ValueError):
-  """A tool call that is not JSON, names no offered tool or does not match
-  its schema; the message is what the policy is told."""
-
-
-_JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
-               "array": list, "object": dict, "null": type(None)}
-
-
-def _check_arguments(schema: Mapping[str, Any], arguments: dict[str, Any], name: str) -> None:
-  params = schema.get("parameters") or {}
-  props = params.get("properties") or {}
-  if missing := [k for k in params.get("required", ()) if k not in arguments]:
-    raise ToolCallError(f"{name} is missing the argument(s) {', '.join(missing)}")
-  if params.get("additionalProperties", True) is False:
-    if extra := sorted(set(arguments) - set(props)):
-      raise ToolCallError(f"{name} takes no argument(s) {', '.join(extra)}")
-  for key, value in arguments.items():
-    want = (props.get(key) or {}).get("type")
-    if want is None:
-      continue
-    types = tuple(_JSON_TYPES[t] for t in ([want] if isinstance(want, str) else want)
-                  if t in _JSON_TYPES)
-    bad_bool = isinstance(value, bool) and bool not in types
-    if types and (bad_bool or not isinstance(value, types)):
-      raise ToolCallError(f"{name}: argument {key} must be {want}, got {value!r:.40}")
 
 
 class Codec:
@@ -203,20 +167,7 @@ class Codec:
     if not opens:
       raise ToolCallError("a tool call starts with <tool_call>")
     text = self.tokenizer.decode(ids[opens[-1] + 1:-1])
-    try:
-      call = json.loads(text)
-    except json.JSONDecodeError as e:
-      raise ToolCallError(f"the tool call is not JSON ({e.msg} at {e.pos})") from None
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-      raise ToolCallError('a tool call is a JSON object with a "name"')
-    arguments = call.get("arguments", {})
-    if not isinstance(arguments, dict):
-      raise ToolCallError('the "arguments" of a tool call are a JSON object')
-    by_name = {t["name"]: t for t in tools}
-    if call["name"] not in by_name:
-      raise ToolCallError(f"no tool {call['name']!r:.40}; tools: {', '.join(by_name)}")
-    _check_arguments(by_name[call["name"]], arguments, call["name"])
-    return ToolCall(call["name"], arguments)
+    return check_call(loads_call(text), tools)
 
   # ---------------------------------------------------------------- encode
   def encode_text(self, text: str) -> list[int]:
