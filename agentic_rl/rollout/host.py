@@ -401,6 +401,9 @@ class HostLoop:
       obs_ids = obs_ids[:self.max_obs_tokens]
       s.obs_clipped_B[b] += 1
     framed = self.codec.frame_observation_ids(obs_ids, tool=called)
+    if len(framed) > s.queue_BxQ.shape[1]:  # re-tokenised with its framing, it grew
+      s.status_B[b], s.truncated_B[b] = _STATUS["obs_overflow"], True
+      return
     # The framed observation and one more policy token must fit.
     if s.num_actions_B[b] >= self.sampling.max_turns or cur + len(framed) + 1 > T - 1:
       s.truncated_B[b] = True

@@ -500,6 +500,11 @@ class ChatCodec:
     return self._frame(self.framing[bool(tool)], obs_ids)
 
   # ---------------------------------------------------------------- actions
+  @property
+  def turn_end_id(self) -> int:
+    """The stop id that ends a turn: the template's end-of-turn token."""
+    return self.ids.end
+
   def _strip_stops(self, action_ids) -> list[int]:
     ids = [int(i) for i in np.asarray(action_ids).reshape(-1)]
     while ids and ids[-1] in self.ids.stop_ids:
