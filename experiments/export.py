@@ -22,7 +22,6 @@ import json
 import os
 
 import jax
-import ml_collections
 from absl import app
 from absl import flags
 
@@ -43,10 +42,9 @@ _CHECK_PROMPTS = flags.DEFINE_integer("check_prompts", 8, "Held-out episodes to 
 
 def _load(workdir: str):
   """``(cfg, model config, params)`` of the latest checkpoint of a run."""
-  saved = resume.load_run_config(workdir)
-  if saved is None:
+  cfg = resume.saved_config(workdir)
+  if cfg is None:
     raise ValueError(f"{workdir} has no config.json: is it a run directory?")
-  cfg = ml_collections.ConfigDict(saved)
   config = config_lib.model_config(cfg)
   like = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.key(0)))
   return cfg, config, checkpoint.load_params(workdir, like=like)

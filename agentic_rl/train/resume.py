@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
+import ml_collections
 import numpy as np
 
 from agentic_rl.train import metrics as metrics_lib
@@ -119,6 +120,20 @@ def load_run_config(workdir: str | os.PathLike) -> dict[str, Any] | None:
       return json.load(f)
   except FileNotFoundError:
     return None
+
+
+def saved_config(workdir: str | os.PathLike):
+  """The run's config as an ``ml_collections.ConfigDict`` (JSON's lists
+  back as the tuples the config holds), or None if there is none."""
+  def tuples(x):
+    if isinstance(x, list):
+      return tuple(tuples(v) for v in x)
+    if isinstance(x, dict):
+      return {k: tuples(v) for k, v in x.items()}
+    return x
+
+  saved = load_run_config(workdir)
+  return None if saved is None else ml_collections.ConfigDict(tuples(saved))
 
 
 def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -1,0 +1,130 @@
+"""A pretrained policy end to end: a checkpoint built locally with
+transformers, ``config.model.init_from``, SFT and RL on a host environment
+with a tool, export, and the exported model and tokenizer back in
+transformers (the deployment check)."""
+
+import json
+import os
+import re
+
+import jax
+import numpy as np
+import pytest
+
+from agentic_rl.model import hf
+from agentic_rl.train import checkpoint, loop
+from agentic_rl.train import config as config_lib
+from agentic_rl.train import run as run_lib
+from experiments import export as export_cli
+from experiments import tiny_checkpoint
+from experiments.configs import default
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("torch")
+
+_ADD = {"name": "add", "description": "the sum of two integers", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+    "required": ["a", "b"]}}
+
+
+class AddWithTool:
+  """``a + b`` for small a, b: the tool adds, the answer ends the episode."""
+
+  tools = [_ADD]
+
+  def reset(self, seed: int) -> str:
+    self.a, self.b = seed % 7, (seed // 7) % 5
+    return f"What is {self.a} + {self.b}? Answer <answer>n</answer>."
+
+  def call_tool(self, name, arguments):
+    return str(arguments["a"] + arguments["b"]), 0.0, False
+
+  def step(self, action: str):
+    found = re.search(r"<answer>\s*(-?\d+)\s*</answer>", action)
+    return "", float(bool(found) and int(found.group(1)) == self.a + self.b), True
+
+  def demonstration(self, seed: int) -> list[str]:
+    self.reset(seed)
+    call = json.dumps({"name": "add", "arguments": {"a": self.a, "b": self.b}})
+    return [f"<tool_call>\n{call}\n</tool_call>", f"<answer>{self.a + self.b}</answer>"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint_dir(tmp_path_factory):
+  out = str(tmp_path_factory.mktemp("tiny_qwen2"))
+  size = tiny_checkpoint.write_tokenizer("qwen2", out)
+  tiny_checkpoint.write_model("qwen2", out, size)
+  return out
+
+
+def _cfg(init_from):
+  cfg = default.get_config("tiny")
+  cfg.model.init_from = init_from
+  cfg.tasks.update(source="host", host_env=f"{__name__}:AddWithTool", train_size=64,
+                   test_size=8, max_obs_tokens=16)
+  cfg.sampling.update(max_total_tokens=512, max_new_tokens_per_turn=32, max_turns=3)
+  cfg.sft.update(steps=1, num_demos=8, batch_size=8, warmup_steps=0)
+  cfg.rl.update(iterations=2, prompts_per_step=2, group_size=2)
+  cfg.eval.update(num_prompts=2, pass_k=2, pass_k_prompts=1, batch_rows=2)
+  cfg.export.update(deploy_check="on", check_prompts=2)
+  return cfg
+
+
+def test_a_checkpoint_trains_exports_and_serves_the_same_distribution(checkpoint_dir, tmp_path):
+  cfg = _cfg(checkpoint_dir)
+  run = run_lib.build(cfg)
+  assert run.model_config.qkv_bias and run.model_config.vocab_size == 704  # the checkpoint's
+  # The demonstrations are episodes the host loop plays in the chat template:
+  # an episode's tokens are exactly apply_chat_template of its conversation.
+  start = hf.load_hf_params(checkpoint_dir, run.model_config)
+  demos = run.demonstrations(start, cfg.sft, jax.random.key(0))
+  hf_tok = transformers.AutoTokenizer.from_pretrained(checkpoint_dir)
+  env = AddWithTool()
+  seed = int(run.tasks.seeds("demo", np.arange(1))[0])
+  obs = env.reset(seed)
+  call, answer = env.demonstration(seed)
+  conversation = [
+      {"role": "user", "content": obs},
+      {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+          "name": "add", "arguments": {"a": env.a, "b": env.b}}}]},
+      {"role": "tool", "content": str(env.a + env.b)},
+      {"role": "assistant", "content": answer}]
+  want = hf_tok.apply_chat_template(conversation, tools=[{"type": "function", "function": _ADD}],
+                                    tokenize=True, return_dict=False)
+  want = want[:len(want) - list(reversed(want)).index(run.codec.ids.end)]  # up to its last <|im_end|>
+  got = demos["tokens_BxT"][0][:len(want)].tolist()
+  assert got == list(want)
+  assert demos["loss_mask_BxT"][0][len(want):].sum() == 0  # the episode ends there
+
+  workdir, out = str(tmp_path / "run"), str(tmp_path / "hf")
+  summary = loop.train(cfg, workdir)
+  assert summary["steps"] == 3  # one SFT step, two RL iterations
+  assert 0 < summary["shift/deploy_tokens"] and summary["shift/deploy_logprob_diff_max"] <= 1e-5
+  like = jax.eval_shape(lambda: jax.tree.map(np.asarray, start))
+  trained = checkpoint.load_params(workdir, like=like)
+  assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(start),
+                                                      jax.tree.leaves(trained)))
+
+  assert export_cli.export(workdir, out) == "Qwen2ForCausalLM"
+  net = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+  served = transformers.AutoTokenizer.from_pretrained(out)
+  assert served.apply_chat_template(conversation, tokenize=True, return_dict=False) == \
+      hf_tok.apply_chat_template(conversation, tokenize=True, return_dict=False)
+  assert net.config.eos_token_id == hf.read_config(checkpoint_dir)["eos_token_id"]
+  check = export_cli.deploy_check(workdir, out, num_prompts=2)
+  assert check["shift/deploy_tokens"] > 0 and check["shift/deploy_logprob_diff_max"] <= 1e-5
+
+
+def test_init_from_is_refused_with_jitted_families_and_a_missing_directory(checkpoint_dir,
+                                                                           tmp_path):
+  cfg = _cfg(checkpoint_dir)
+  cfg.tasks.source = "jax"
+  with pytest.raises(config_lib.ConfigError, match="set --config.tasks.source=host"):
+    config_lib.validate(cfg)
+  cfg = _cfg(str(tmp_path / "nowhere"))
+  with pytest.raises(config_lib.ConfigError, match="is not a directory"):
+    config_lib.validate(cfg)
+  os.makedirs(tmp_path / "empty")
+  cfg = _cfg(str(tmp_path / "empty"))
+  with pytest.raises(config_lib.ConfigError, match="no config.json|tokenizer"):
+    config_lib.validate(cfg)
