@@ -61,8 +61,8 @@ _GEMMA_DEFAULTS = {
                               sliding_window=4096, attn_logit_softcapping=50.0,
                               final_logit_softcapping=30.0, rope_theta=10_000.0),
     "Gemma3ForCausalLM": dict(head_dim=256, query_pre_attn_scalar=256,
-                              sliding_window=4096, attn_logit_softcapping=None,
-                              final_logit_softcapping=None, rope_theta=1_000_000.0,
+                              sliding_window=4096, final_logit_softcapping=None,
+                              rope_theta=1_000_000.0,
                               rope_local_base_freq=10_000.0, sliding_window_pattern=6),
 }
 
