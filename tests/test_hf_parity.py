@@ -1,5 +1,6 @@
-"""Parity of agentic_rl.model with Hugging Face Llama / Qwen2 / Qwen3 / Gemma (torch,
-CPU, fp32), both ways: checkpoints imported and exported."""
+"""Parity of agentic_rl.model with Hugging Face Llama / Qwen2 / Qwen3 / Gemma /
+Gemma 2 / Gemma 3 (torch, CPU, fp32), both ways: checkpoints imported and
+exported."""
 
 import dataclasses
 import json
@@ -13,6 +14,12 @@ from agentic_rl import model
 from agentic_rl.model import hf
 
 VOCAB, SEQ = 128, 12
+WINDOW = 4  # Gemma 2 / 3 sliding window, shorter than SEQ.
+# Gemma 2 / 3: every feature away from its default, so that ignoring one shows.
+GEMMA23 = dict(sliding_window=WINDOW, query_pre_attn_scalar=24,
+               final_logit_softcapping=3.0)
+GEMMA3_ROPE = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 5000.0},
+               "sliding_attention": {"rope_type": "default", "rope_theta": 70.0}}
 
 
 @pytest.fixture(autouse=True)
@@ -30,14 +37,23 @@ def _tiny_hf_model(arch: str, tie: bool, **extra):
                 num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5,
                 rope_parameters={"rope_type": "default", "rope_theta": 5000.0},
-                tie_word_embeddings=tie, **extra)
-  if arch == "gemma":
+                tie_word_embeddings=tie,
+                eos_token_id=None)  # generate would suppress it under min_new_tokens.
+  if arch.startswith("gemma"):
     kwargs["hidden_activation"] = "gelu_pytorch_tanh"
+  if arch == "gemma2":  # Layers: local, global.
+    kwargs.update(GEMMA23, attn_logit_softcapping=5.0)
+  if arch == "gemma3":  # Layers: local, local, global.
+    kwargs.update(GEMMA23, num_hidden_layers=3, sliding_window_pattern=3,
+                  rope_parameters=GEMMA3_ROPE)
+  kwargs.update(extra)
   model_cls, config_cls = {
       "llama": (transformers.LlamaForCausalLM, transformers.LlamaConfig),
       "qwen2": (transformers.Qwen2ForCausalLM, transformers.Qwen2Config),
       "qwen3": (transformers.Qwen3ForCausalLM, transformers.Qwen3Config),
-      "gemma": (transformers.GemmaForCausalLM, transformers.GemmaConfig)}[arch]
+      "gemma": (transformers.GemmaForCausalLM, transformers.GemmaConfig),
+      "gemma2": (transformers.Gemma2ForCausalLM, transformers.Gemma2Config),
+      "gemma3": (transformers.Gemma3ForCausalLM, transformers.Gemma3TextConfig)}[arch]
   net = model_cls(config_cls(**kwargs))
   with torch.no_grad():  # Non-trivial norms and biases, so a mix-up shows.
     for p in net.parameters():
@@ -54,7 +70,7 @@ def _tokens(seed=0):
   return np.random.default_rng(seed).integers(0, VOCAB, (2, SEQ))
 
 
-ARCHS = ["llama", "qwen2", "qwen3", "gemma"]
+ARCHS = ["llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3"]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -64,8 +80,10 @@ def test_logits_match_torch(arch, tie, tmp_path):
   net.save_pretrained(tmp_path, safe_serialization=True)
   config, params = hf.load_hf_checkpoint(str(tmp_path))
   assert config.tie_embeddings == tie
-  assert config.qkv_bias == (arch == "qwen2") and config.qk_norm == (arch == "qwen3")
-  assert config.norm_plus_one == config.embed_scale == (arch == "gemma")
+  assert config.qkv_bias == (arch == "qwen2")
+  assert config.qk_norm == (arch in ("qwen3", "gemma3"))
+  assert config.norm_plus_one == config.embed_scale == arch.startswith("gemma")
+  assert config.post_norms == (arch in ("gemma2", "gemma3"))
   assert config.rope_theta == 5000.0 and config.norm_eps == 1e-5
   assert (config.n_heads, config.n_kv_heads, config.head_dim) == (4, 2, 16)
   assert ("unembed" in params) == (not tie)
@@ -90,10 +108,11 @@ def _greedy(params, config, prompt, n):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_exported_checkpoint_loads_in_transformers_and_generates_the_same(arch, tmp_path):
-  torch, net = _tiny_hf_model(arch, tie=arch == "gemma")
+  torch, net = _tiny_hf_model(arch, tie=arch.startswith("gemma"))
   net.save_pretrained(tmp_path / "in", safe_serialization=True)
   config, params = hf.load_hf_checkpoint(str(tmp_path / "in"))
   hf.save_hf_checkpoint(str(tmp_path / "out"), config, params)
+  assert hf.load_hf_checkpoint(str(tmp_path / "out"))[0] == config
   transformers = pytest.importorskip("transformers")
   back = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
   assert type(back).__name__ == type(net).__name__
@@ -105,6 +124,134 @@ def test_exported_checkpoint_loads_in_transformers_and_generates_the_same(arch, 
     theirs = back.generate(torch.tensor(prompt), max_new_tokens=32, do_sample=False,
                            min_new_tokens=32).numpy()
   np.testing.assert_array_equal(_greedy(params, config, prompt, 32), theirs)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "gemma3"])
+def test_kv_cache_decoding_matches_torch_generate(arch, tmp_path):
+  """Our prefill + decode_step greedy loop against HF generate, 32 tokens past
+  a 4-token prompt (far past the Gemma window), and its logits against HF's
+  full forward over the generated sequence."""
+  torch, net = _tiny_hf_model(arch, tie=True)
+  net.save_pretrained(tmp_path, safe_serialization=True)
+  config, params = hf.load_hf_checkpoint(str(tmp_path))
+  prompt, n = _tokens(5)[:, :4], 32
+  with torch.no_grad():
+    want = net.generate(torch.tensor(prompt), max_new_tokens=n, do_sample=False,
+                        min_new_tokens=n).numpy()
+  B, P = prompt.shape
+  prefill = jax.jit(model.prefill, static_argnames="config")
+  decode = jax.jit(model.decode_step, static_argnames="config")
+  logits, cache = prefill(params, prompt, model.init_cache(config, B, P + n), config)
+  params = model.unstack_layers(params)
+  got, steps = [np.asarray(logits)], []
+  tokens = np.asarray(logits)[:, -1].argmax(-1)
+  for t in range(P, P + n):
+    steps.append(tokens)
+    if t + 1 < P + n:
+      logits, cache = decode(params, tokens, np.full((B,), t), cache, config)
+      got.append(np.asarray(logits)[:, None])
+      tokens = np.asarray(logits).argmax(-1)
+  np.testing.assert_array_equal(np.concatenate([prompt, np.stack(steps, 1)], 1), want)
+  np.testing.assert_allclose(np.concatenate(got, 1), _torch_logits(torch, net, want[:, :-1]),
+                             atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+def test_gemma_features_are_read_and_each_matters(arch, tmp_path):
+  """The config carries every Gemma 2 / 3 feature, and each one changes the
+  logits (so the parity tests above would catch it being dropped); the window
+  is HF's exactly: a query at p sees keys j with p - j < window, not one more
+  or one less."""
+  torch, net = _tiny_hf_model(arch, tie=True)
+  net.save_pretrained(tmp_path, safe_serialization=True)
+  config, params = hf.load_hf_checkpoint(str(tmp_path))
+  gemma3 = arch == "gemma3"
+  assert config.sliding_windows == ((WINDOW, WINDOW, None) if gemma3 else (WINDOW, None))
+  assert config.query_pre_attn_scalar == 24 and config.final_logit_softcap == 3.0
+  assert config.attn_logit_softcap == (None if gemma3 else 5.0)
+  assert (config.rope_theta, config.local_rope_theta, config.rope_scaling_factor) == (
+      (5000.0, 70.0, 8.0) if gemma3 else (5000.0, None, 1.0))
+  tokens = _tokens(6)
+  theirs = _torch_logits(torch, net, tokens)
+  np.testing.assert_allclose(np.asarray(model.forward(params, tokens, config)), theirs,
+                             atol=1e-4, rtol=0)
+  changes = [dict(sliding_windows=tuple(w and w + 1 for w in config.sliding_windows)),
+             dict(sliding_windows=tuple(w and w - 1 for w in config.sliding_windows)),
+             dict(query_pre_attn_scalar=None), dict(final_logit_softcap=None)]
+  if gemma3:
+    changes += [dict(local_rope_theta=None), dict(rope_scaling_factor=1.0)]
+  else:
+    changes += [dict(attn_logit_softcap=None)]
+  for change in changes:
+    other = np.asarray(model.forward(params, tokens, dataclasses.replace(config, **change)))
+    assert np.abs(other - theirs).max() > 1e-3, change
+  no_post = dataclasses.replace(config, post_norms=False)
+  other = model.forward({**params, "layers": {k: v for k, v in params["layers"].items()
+                                              if not k.startswith("post_")}},
+                        tokens, no_post)
+  assert np.abs(np.asarray(other) - theirs).max() > 1e-3
+
+
+# config.json of google/gemma-2-2b (abridged) and google/gemma-3-1b-pt, as
+# published: no layer_types, Gemma 3's RoPE bases as rope_theta and
+# rope_local_base_freq.
+_GEMMA2_JSON = dict(
+    architectures=["Gemma2ForCausalLM"], model_type="gemma2", vocab_size=256000,
+    hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+    num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+    hidden_activation="gelu_pytorch_tanh", hidden_act="gelu_pytorch_tanh",
+    query_pre_attn_scalar=256, rms_norm_eps=1e-6, rope_theta=10000.0,
+    sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+    cache_implementation="hybrid")
+_GEMMA3_JSON = dict(
+    architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", vocab_size=262144,
+    hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
+    num_attention_heads=4, num_key_value_heads=1, head_dim=256,
+    hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=256,
+    rms_norm_eps=1e-6, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+    rope_scaling=None, sliding_window=512, sliding_window_pattern=6,
+    attn_logit_softcapping=None, final_logit_softcapping=None)
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gemma3", "gemma3_linear"])
+def test_published_gemma_configs_read_as_transformers_reads_them(name):
+  transformers = pytest.importorskip("transformers")
+  hf_json = {"gemma2": _GEMMA2_JSON, "gemma3": _GEMMA3_JSON,
+             "gemma3_linear": {**_GEMMA3_JSON, "rope_scaling": {
+                 "rope_type": "linear", "factor": 8.0}}}[name]
+  config = hf.config_from_hf(hf_json)
+  theirs = transformers.AutoConfig.for_model(**{k: v for k, v in hf_json.items()
+                                                if k != "architectures"})
+  assert config.sliding_windows == tuple(
+      theirs.sliding_window if t == "sliding_attention" else None
+      for t in theirs.layer_types)
+  assert config.post_norms and config.tie_embeddings
+  assert config.query_pre_attn_scalar is None  # == head_dim: the plain scale
+  if name == "gemma2":
+    assert config.sliding_windows[:2] == (4096, None)
+    assert (config.attn_logit_softcap, config.final_logit_softcap) == (50.0, 30.0)
+    assert (config.rope_theta, config.local_rope_theta) == (10000.0, None)
+    assert not config.qk_norm
+  else:
+    assert config.sliding_windows[:6] == (512,) * 5 + (None,)
+    assert config.qk_norm and config.attn_logit_softcap is None
+    rope = theirs.rope_parameters
+    assert config.rope_theta == rope["full_attention"]["rope_theta"] == 1e6
+    assert config.local_rope_theta == rope["sliding_attention"]["rope_theta"] == 1e4
+    assert config.rope_scaling_factor == rope["full_attention"].get("factor", 1.0)
+    assert config.rope_scaling_factor == (8.0 if name == "gemma3_linear" else 1.0)
+  assert hf.config_from_hf(hf.config_to_hf(config)) == config
+
+
+def test_multimodal_gemma3_is_refused_with_a_pointer_to_the_text_model():
+  multimodal = dict(architectures=["Gemma3ForConditionalGeneration"], model_type="gemma3",
+                    text_config=dict(_GEMMA3_JSON, model_type="gemma3_text"))
+  with pytest.raises(ValueError, match="multimodal.*Gemma3ForCausalLM"):
+    hf.config_from_hf(multimodal)
+  with pytest.raises(ValueError, match="bidirectional"):
+    hf.config_from_hf({**_GEMMA3_JSON, "use_bidirectional_attention": True})
+  with pytest.raises(ValueError, match="yarn"):
+    hf.config_from_hf({**_GEMMA3_JSON, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
 
 
 def test_the_projects_own_model_exports_as_llama(tmp_path):
@@ -129,9 +276,23 @@ def test_configs_no_architecture_expresses_are_refused():
   base = model.TransformerConfig.tiny(vocab_size=VOCAB)
   for change, match in [(dict(qkv_bias=True, qk_norm=True), "both"),
                         (dict(norm_plus_one=True), "Gemma"),
-                        (dict(final_logit_softcap=30.0), "soft-capping")]:
+                        (dict(final_logit_softcap=30.0), "soft-capping"),
+                        (dict(post_norms=True), "post_norms"),
+                        (dict(query_pre_attn_scalar=12), "query_pre_attn_scalar"),
+                        (dict(rope_scaling_factor=2.0), "Gemma 3 only")]:
     with pytest.raises(ValueError, match=match):
       hf.config_to_hf(dataclasses.replace(base, **change))
+  gemma2 = dataclasses.replace(base, norm_plus_one=True, embed_scale=True,
+                               mlp_activation="gelu", post_norms=True)
+  assert hf.architecture_of(gemma2) == "Gemma2ForCausalLM"
+  gemma3 = dataclasses.replace(gemma2, qk_norm=True)
+  assert hf.architecture_of(gemma3) == "Gemma3ForCausalLM"
+  for config, change, match in [
+      (gemma2, dict(local_rope_theta=50.0, sliding_windows=(2, None)), "Gemma 3 only"),
+      (gemma3, dict(attn_logit_softcap=50.0), "Gemma 2 only"),
+      (gemma3, dict(sliding_windows=(2, 3)), "one sliding window")]:
+    with pytest.raises(ValueError, match=match):
+      hf.config_to_hf(dataclasses.replace(config, **change))
 
 
 def test_sharded_checkpoint_and_bf16_compute(tmp_path):

@@ -18,11 +18,13 @@ from agentic_rl.model import transformer
 V = 64
 BASE = dict(vocab_size=V, d_model=32, n_layers=2, n_heads=4, head_dim=8,
             mlp_dim=48, rope_theta=500.0)
-# Every non-default feature at once (Gemma-like, plus Qwen2 biases).
+# Every non-default feature at once (Gemma 2/3-like, plus Qwen2 biases).
 FEATURES = dict(mlp_activation="gelu", norm_plus_one=True, qk_norm=True,
                 qkv_bias=True, tie_embeddings=True, embed_scale=True,
                 attn_logit_softcap=5.0, final_logit_softcap=3.0,
-                sliding_windows=(3, None))
+                sliding_windows=(3, None), post_norms=True,
+                query_pre_attn_scalar=12.0, local_rope_theta=50.0,
+                rope_scaling_factor=2.0)
 
 CONFIGS = {
     "mha": model.TransformerConfig(**BASE, n_kv_heads=4),
@@ -273,6 +275,36 @@ def test_features_match_numpy_reference():
   assert np.abs(logits).max() < config.final_logit_softcap
 
 
+@pytest.mark.parametrize("change", [
+    dict(post_norms=False), dict(query_pre_attn_scalar=None),
+    dict(local_rope_theta=None), dict(rope_scaling_factor=1.0)])
+def test_gemma_fields_each_change_the_output(change):
+  """Each of post_norms, query_pre_attn_scalar, local_rope_theta and
+  rope_scaling_factor moves the logits of the forward and of the KV-cache
+  path alike (neither may ignore one)."""
+  config = CONFIGS[FEAT]
+  other = dataclasses.replace(config, **change)
+  params = _params(config)
+  if not other.post_norms:
+    params = {**params, "layers": {k: v for k, v in params["layers"].items()
+                                   if not k.startswith("post_")}}
+  tokens = _tokens((B, T))
+  want, _ = fwd(_params(config), tokens, config)
+  got, _ = fwd(params, tokens, other)
+  assert np.abs(got - want).max() > 1e-3
+  cached, _ = jit_prefill(params, tokens, model.init_cache(other, B, T), other)
+  np.testing.assert_allclose(cached, got, atol=1e-5)
+
+
+def test_query_pre_attn_scalar_equal_to_head_dim_is_the_plain_scale():
+  config = CONFIGS["gqa"]
+  same = dataclasses.replace(config, query_pre_attn_scalar=config.head_dim)
+  assert same.query_scale is None
+  assert dataclasses.replace(config, query_pre_attn_scalar=2.0).query_scale == 2.0
+  # No local RoPE without sliding windows (no layer would use it).
+  assert not dataclasses.replace(config, local_rope_theta=5.0).has_local_rope
+
+
 @pytest.mark.parametrize("name", ["gqa", FEAT])
 def test_unembedding_reproduces_logits_and_logprobs(name):
   config = CONFIGS[name]
@@ -456,6 +488,10 @@ def test_presets_and_window_helper():
     (dict(final_logit_softcap=0.0), "final_logit_softcap"),
     (dict(scan_unroll=0), "scan_unroll"),
     (dict(scan_unroll=True), "scan_unroll"),
+    (dict(local_rope_theta=0.0), "local_rope_theta"),
+    (dict(query_pre_attn_scalar=-1.0), "query_pre_attn_scalar"),
+    (dict(query_pre_attn_scalar=True), "query_pre_attn_scalar"),
+    (dict(rope_scaling_factor=0.0), "rope_scaling_factor"),
 ])
 def test_bad_config_raises(overrides, match):
   config = model.TransformerConfig.tiny(**overrides)
@@ -577,10 +613,12 @@ def _numpy_forward(params, tokens, c):
     scale = 1 + w if c.norm_plus_one else w
     return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + c.norm_eps) * scale
 
-  def rope(x):  # Pairs (i, i + half) rotate by pos / theta ** (2i / Dh).
+  def rope(x, local):  # Pairs (i, i + half): pos / factor / theta ** (2i / Dh).
+    theta, factor = ((c.local_rope_theta, 1.0) if local
+                     else (c.rope_theta, c.rope_scaling_factor))
     out = np.empty_like(x)
     for i in range(half):
-      a = np.arange(T)[None, :, None] / c.rope_theta ** (2 * i / Dh)
+      a = np.arange(T)[None, :, None] / factor / theta ** (2 * i / Dh)
       x1, x2 = x[..., i], x[..., i + half]
       out[..., i] = x1 * np.cos(a) - x2 * np.sin(a)
       out[..., i + half] = x2 * np.cos(a) + x1 * np.sin(a)
@@ -596,9 +634,10 @@ def _numpy_forward(params, tokens, c):
     q = np.einsum("btd,dhk->bthk", h, lp["wq"]) + lp["bq"]
     k = np.einsum("btd,dhk->bthk", h, lp["wk"]) + lp["bk"]
     v = np.einsum("btd,dhk->bthk", h, lp["wv"]) + lp["bv"]
-    q, k = rope(norm(q, lp["q_norm"])), rope(norm(k, lp["k_norm"]))
+    local = c.sliding_windows[layer] is not None
+    q, k = rope(norm(q, lp["q_norm"]), local), rope(norm(k, lp["k_norm"]), local)
     k, v = np.repeat(k, H // K, axis=2), np.repeat(v, H // K, axis=2)
-    s = np.einsum("bthk,bshk->bhts", q, k) / math.sqrt(Dh)
+    s = np.einsum("bthk,bshk->bhts", q, k) / math.sqrt(c.query_pre_attn_scalar)
     s = c.attn_logit_softcap * np.tanh(s / c.attn_logit_softcap)
     t_idx, s_idx = np.arange(T)[:, None], np.arange(T)[None, :]
     visible = s_idx <= t_idx
@@ -608,10 +647,10 @@ def _numpy_forward(params, tokens, c):
     w = np.exp(s - s.max(-1, keepdims=True))
     w /= w.sum(-1, keepdims=True)
     o = np.einsum("bhts,bshk->bthk", w, v)
-    x = x + np.einsum("bthk,hkd->btd", o, lp["wo"])
+    x = x + norm(np.einsum("bthk,hkd->btd", o, lp["wo"]), lp["post_attn_norm"])
     h = norm(x, lp["mlp_norm"])
     act = gelu_tanh(h @ lp["w_gate"]) * (h @ lp["w_up"])
-    x = x + act @ lp["w_down"]
+    x = x + norm(act @ lp["w_down"], lp["post_mlp_norm"])
   hidden = norm(x, p["final_norm"])
   logits = hidden @ p["embed"].T
   return c.final_logit_softcap * np.tanh(logits / c.final_logit_softcap), hidden

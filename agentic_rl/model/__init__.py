@@ -2,8 +2,9 @@
 
 ``forward`` runs full sequences (training, scoring); ``prefill`` / ``extend`` /
 ``decode_step`` run incrementally against a ``KVCache`` (rollouts);
-``hf.load_hf_checkpoint`` imports Llama / Qwen2 weights; ``compiler_options``
-are the XLA options every jit of the model passes.
+``hf.load_hf_checkpoint`` / ``hf.save_hf_checkpoint`` import and export Llama,
+Qwen2, Qwen3, Gemma, Gemma 2 and Gemma 3 (text) checkpoints;
+``compiler_options`` are the XLA options every jit of the model passes.
 """
 
 from agentic_rl.model import hf

@@ -8,13 +8,18 @@ Architecture (pre-norm decoder, Llama / Qwen2 / Gemma family):
 
     x = embed[tokens] (* sqrt(d_model) if embed_scale)
     per layer:  x += Attn(RMSNorm(x));  x += GatedMLP(RMSNorm(x))
+      (post_norms, Gemma 2/3: x += RMSNorm(Attn(RMSNorm(x))), likewise MLP)
     logits = softcap(RMSNorm(x) @ unembed)
 
 RMSNorm is ``x / sqrt(mean(x^2) + eps) * w`` (``* (1 + w)`` with
 ``norm_plus_one``, Gemma); the MLP is ``down(act(gate(x)) * up(x))`` with
 ``act`` = SiLU (SwiGLU, Shazeer 2020) or tanh-GELU (GeGLU, Gemma); RoPE uses
 the Hugging Face "rotate_half" convention (the two halves of each head
-vector are rotated together, not interleaved pairs).
+vector are rotated together, not interleaved pairs), with angles
+``pos / factor / theta ** (2i / Dh)`` (``theta = local_rope_theta`` and
+``factor = 1`` on sliding-window layers when ``local_rope_theta`` is set,
+else ``rope_theta`` and ``rope_scaling_factor``). Attention logits are
+``q . k * query_pre_attn_scalar ** -0.5`` (default ``head_dim ** -0.5``).
 """
 
 from __future__ import annotations
@@ -64,9 +69,24 @@ class TransformerConfig:
     mlp_activation: "silu" (SwiGLU) or "gelu" (GeGLU with tanh-GELU).
     norm_eps: RMSNorm epsilon.
     norm_plus_one: RMSNorm scales by ``1 + w`` (Gemma) instead of ``w``.
-    rope_theta: RoPE base frequency.
+    rope_theta: RoPE base frequency (of the global layers when
+      ``local_rope_theta`` is set).
+    local_rope_theta: RoPE base of the sliding-window layers (Gemma 3's
+      ``rope_local_base_freq``), or None: every layer uses ``rope_theta``.
+      No effect without sliding windows.
+    rope_scaling_factor: linear RoPE scaling (position interpolation) of the
+      ``rope_theta`` RoPE: angles ``pos / factor / theta ** (2i / Dh)``;
+      1.0 is plain RoPE. With ``local_rope_theta`` the sliding-window layers
+      are unscaled (Gemma 3 4B+: ``factor = 8`` on the global layers).
+    query_pre_attn_scalar: attention logits are ``q . k / sqrt(s)`` with
+      this ``s`` (Gemma 2/3), or None for ``s = head_dim``. Applied by
+      scaling q by ``sqrt(head_dim / s)`` before attention (every backend
+      keeps its ``head_dim ** -0.5``).
     qkv_bias: biases on the q, k, v projections (Qwen2).
     qk_norm: RMSNorm over ``head_dim`` on queries and keys before RoPE.
+    post_norms: "sandwich" norms (Gemma 2/3): RMSNorm on the attention
+      output and on the MLP output before each residual add,
+      ``x += RMSNorm_post(Attn(RMSNorm_pre(x)))`` and likewise for the MLP.
     tie_embeddings: the unembedding is the embedding matrix transposed.
     embed_scale: multiply embeddings by ``sqrt(d_model)`` (Gemma).
     attn_logit_softcap: ``c * tanh(s / c)`` on attention logits, or None.
@@ -111,8 +131,12 @@ class TransformerConfig:
   norm_eps: float = 1e-6
   norm_plus_one: bool = False
   rope_theta: float = 10_000.0
+  local_rope_theta: float | None = None
+  rope_scaling_factor: float = 1.0
+  query_pre_attn_scalar: float | None = None
   qkv_bias: bool = False
   qk_norm: bool = False
+  post_norms: bool = False
   tie_embeddings: bool = False
   embed_scale: bool = False
   attn_logit_softcap: float | None = None
@@ -177,6 +201,19 @@ class TransformerConfig:
     return self.sliding_windows is not None and any(
         w is not None for w in self.sliding_windows)
 
+  @property
+  def has_local_rope(self) -> bool:
+    """Sliding-window layers use a RoPE of their own (``local_rope_theta``)."""
+    return self.local_rope_theta is not None and self.has_sliding_windows
+
+  @property
+  def query_scale(self) -> float | None:
+    """``sqrt(head_dim / query_pre_attn_scalar)``, or None when it is 1."""
+    s = self.query_pre_attn_scalar
+    if s is None or s == self.head_dim:
+      return None
+    return (self.head_dim / s) ** 0.5
+
   def layer_windows(self) -> np.ndarray:
     """int32 ``[L]`` per-layer windows, global layers as ``NO_WINDOW``."""
     windows = self.sliding_windows or (None,) * self.n_layers
@@ -214,6 +251,13 @@ class TransformerConfig:
       raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
     if not self.rope_theta > 0:
       raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
+    for name in ("local_rope_theta", "query_pre_attn_scalar"):
+      value = getattr(self, name)
+      if value is not None and (isinstance(value, bool) or not value > 0):
+        raise ValueError(f"{name} must be None or > 0, got {value!r}")
+    if isinstance(self.rope_scaling_factor, bool) or not self.rope_scaling_factor > 0:
+      raise ValueError(
+          f"rope_scaling_factor must be > 0, got {self.rope_scaling_factor!r}")
     if self.scan_unroll is not None and (
         not isinstance(self.scan_unroll, (int, np.integer))
         or isinstance(self.scan_unroll, bool) or self.scan_unroll < 1):

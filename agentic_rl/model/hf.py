@@ -1,4 +1,5 @@
-"""Hugging Face checkpoints in and out: Llama, Qwen2, Qwen3 and Gemma.
+"""Hugging Face checkpoints in and out: Llama, Qwen2, Qwen3, Gemma, Gemma 2
+and Gemma 3 (text).
 
 :func:`load_hf_checkpoint` reads a checkpoint directory (``config.json``
 plus ``*.safetensors``, sharded or not) with the ``safetensors`` numpy
@@ -15,8 +16,21 @@ HF ``nn.Linear`` weights are ``[out, in]``; ours are ``[in, ...out]``:
 What each architecture adds to the Llama layer: Qwen2 q/k/v biases (and
 optional sliding windows), Qwen3 RMSNorms on queries and keys (``qk_norm``),
 Gemma the ``1 + w`` norms, embeddings scaled by ``sqrt(d_model)``, tanh-GELU
-and tied embeddings. Gemma 2 and 3 (post-attention and post-MLP norms,
-``query_pre_attn_scalar``, per-layer RoPE bases) are not supported yet.
+and tied embeddings. Gemma 2 adds sandwich norms (``post_norms``: HF's
+``input_layernorm``, ``post_attention_layernorm``,
+``pre_feedforward_layernorm`` and ``post_feedforward_layernorm`` are our
+``attn_norm``, ``post_attn_norm``, ``mlp_norm`` and ``post_mlp_norm``; in
+the other architectures ``post_attention_layernorm`` is ``mlp_norm``),
+``query_pre_attn_scalar``, attention and final logit soft-capping and
+sliding-window layers (``layer_types``, else every other layer from the
+first). Gemma 3 (``Gemma3ForCausalLM``, ``model_type`` "gemma3_text") adds
+q/k norms, one global layer per ``sliding_window_pattern`` (or
+``layer_types``), a RoPE base of the sliding-window layers
+(``rope_local_base_freq``, or ``rope_parameters["sliding_attention"]``) and
+linear RoPE scaling on the global layers; it has no attention
+soft-capping (transformers ignores ``attn_logit_softcapping`` there, and so
+do we). Multimodal Gemma 3 checkpoints (``Gemma3ForConditionalGeneration``)
+are refused: use the text model.
 """
 
 from __future__ import annotations
@@ -34,14 +48,36 @@ from safetensors.numpy import save_file
 from agentic_rl.model.config import TransformerConfig
 
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM"}
+                "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM",
+                "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
 SUPPORTED_ARCHITECTURES = tuple(_MODEL_TYPES.values())
 _ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu"}
 # Non-persistent buffers that some older checkpoints saved; not weights.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+_GEMMAS = ("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM")
+# transformers' defaults for keys a Gemma 2 / 3 config.json may leave out.
+_GEMMA_DEFAULTS = {
+    "Gemma2ForCausalLM": dict(head_dim=256, query_pre_attn_scalar=256,
+                              sliding_window=4096, attn_logit_softcapping=50.0,
+                              final_logit_softcapping=30.0, rope_theta=10_000.0),
+    "Gemma3ForCausalLM": dict(head_dim=256, query_pre_attn_scalar=256,
+                              sliding_window=4096, final_logit_softcapping=None,
+                              rope_theta=1_000_000.0,
+                              rope_local_base_freq=10_000.0, sliding_window_pattern=6),
+}
+
+
+def _multimodal(hf: dict[str, Any]) -> bool:
+  return (hf.get("model_type") == "gemma3"
+          or "Gemma3ForConditionalGeneration" in (hf.get("architectures") or []))
 
 
 def _architecture(hf: dict[str, Any]) -> str:
+  if _multimodal(hf):
+    raise ValueError(
+        "multimodal Gemma 3 checkpoints (Gemma3ForConditionalGeneration, "
+        "model_type 'gemma3') are not supported; use the text model "
+        "(Gemma3ForCausalLM, model_type 'gemma3_text')")
   archs = hf.get("architectures") or [_MODEL_TYPES.get(hf.get("model_type"))]
   for arch in archs:
     if arch in SUPPORTED_ARCHITECTURES:
@@ -51,21 +87,91 @@ def _architecture(hf: dict[str, Any]) -> str:
       f"{hf.get('model_type')!r}); supported: {SUPPORTED_ARCHITECTURES}")
 
 
+def _rope_type(rope: dict[str, Any] | None) -> str:
+  rope = rope or {}
+  return rope.get("rope_type", rope.get("type", "default"))
+
+
+def _gemma3_rope(hf: dict[str, Any]) -> dict[str, Any]:
+  """``rope_theta``, ``local_rope_theta`` and ``rope_scaling_factor`` of a
+  Gemma 3 config, read as transformers does: ``rope_parameters`` per layer
+  type, else ``rope_theta`` / ``rope_local_base_freq``, with the old
+  ``rope_scaling`` applied to the global (``full_attention``) layers."""
+  defaults = _GEMMA_DEFAULTS["Gemma3ForCausalLM"]
+  params = hf.get("rope_parameters") or {}
+  unknown = set(params) - {"full_attention", "sliding_attention"}
+  if unknown:
+    raise ValueError("Gemma 3 rope_parameters must be keyed by layer type "
+                     f"(full_attention, sliding_attention), got {sorted(unknown)}")
+  full = dict(params.get("full_attention") or {})
+  full.update(hf.get("rope_scaling") or {})
+  full.setdefault("rope_theta", hf.get("rope_theta", defaults["rope_theta"]))
+  local = dict(params.get("sliding_attention") or {})
+  local.setdefault("rope_theta", hf.get("rope_local_base_freq",
+                                        defaults["rope_local_base_freq"]))
+
+  def factor(rope, layers):
+    kind = _rope_type(rope)
+    if kind not in ("default", "linear"):
+      raise ValueError(f"RoPE scaling {kind!r} is not supported on Gemma 3's "
+                       f"{layers} layers (only the default and linear RoPE)")
+    return float(rope["factor"]) if kind == "linear" else 1.0
+
+  theta, scale = float(full["rope_theta"]), factor(full, "full_attention")
+  local_theta = float(local["rope_theta"])
+  local_scale = factor(local, "sliding_attention")
+  if (local_theta, local_scale) == (theta, scale):
+    local_theta = None  # One RoPE for all layers.
+  elif local_scale != 1.0:
+    raise ValueError("Gemma 3 sliding-window layers with a linear RoPE scaling "
+                     "of their own are not supported")
+  return dict(rope_theta=theta, local_rope_theta=local_theta,
+              rope_scaling_factor=scale)
+
+
+def _gemma_windows(hf: dict[str, Any], arch: str, n_layers: int):
+  """Per-layer windows of a Gemma 2 / 3 config: ``layer_types``, else every
+  ``sliding_window_pattern``-th layer (2 for Gemma 2) global, counting from
+  1; None when no layer has a window."""
+  defaults = _GEMMA_DEFAULTS[arch]
+  every = 2 if arch == "Gemma2ForCausalLM" else hf.get(
+      "sliding_window_pattern", defaults["sliding_window_pattern"])
+  layer_types = hf.get("layer_types") or [
+      "sliding_attention" if (i + 1) % every else "full_attention"
+      for i in range(n_layers)]
+  if len(layer_types) != n_layers or not set(layer_types) <= {
+      "sliding_attention", "full_attention"}:
+    raise ValueError(f"layer_types must be {n_layers} of 'sliding_attention' / "
+                     f"'full_attention', got {layer_types}")
+  window = hf.get("sliding_window", defaults["sliding_window"])
+  if window is None or "sliding_attention" not in layer_types:
+    return None
+  return tuple(window if t == "sliding_attention" else None for t in layer_types)
+
+
 def config_from_hf(hf: dict[str, Any], **overrides) -> TransformerConfig:
   """Our config from an HF ``config.json`` dict.
 
   ``overrides`` replace fields of the result (e.g. ``dtype="bfloat16"``).
   Raises ``ValueError`` for unsupported architectures or features (RoPE
-  scaling, Llama attention/MLP biases, other activations).
+  scaling other than Gemma 3's linear one, Llama attention/MLP biases, other
+  activations, multimodal Gemma 3, bidirectional attention). Keys a Gemma 2
+  / 3 config leaves out take transformers' defaults.
   """
   arch = _architecture(hf)
+  gemma = arch in _GEMMAS
+  defaults = _GEMMA_DEFAULTS.get(arch, {})
   rope_params = hf.get("rope_parameters") or {}
-  for rope in (rope_params, hf.get("rope_scaling") or {}):
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-      raise ValueError(f"RoPE scaling {rope_type!r} is not supported "
-                       "(only the default RoPE)")
-  gemma = arch == "GemmaForCausalLM"
+  if arch == "Gemma3ForCausalLM":
+    rope = _gemma3_rope(hf)
+  else:
+    for params in (rope_params, hf.get("rope_scaling") or {}):
+      rope_type = _rope_type(params)
+      if rope_type != "default":
+        raise ValueError(f"RoPE scaling {rope_type!r} is not supported "
+                         "(only the default RoPE; linear on Gemma 3)")
+    rope = dict(rope_theta=float(rope_params.get(
+        "rope_theta", hf.get("rope_theta", defaults.get("rope_theta", 10_000.0)))))
   act = hf.get("hidden_activation") or hf.get("hidden_act", "silu")
   if act not in _ACTIVATIONS:
     raise ValueError(f"hidden_act {act!r} is not supported; "
@@ -74,6 +180,9 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> TransformerConfig:
     for flag in ("attention_bias", "mlp_bias"):
       if hf.get(flag):
         raise ValueError(f"{arch} checkpoints with {flag}=True are not supported")
+  if hf.get("use_bidirectional_attention"):
+    raise ValueError("bidirectional attention (use_bidirectional_attention) "
+                     "is not supported: the policy is causal")
   n_layers = hf["num_hidden_layers"]
   windows = None
   if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and hf.get("use_sliding_window"):
@@ -82,24 +191,42 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> TransformerConfig:
         "full_attention" for i in range(n_layers)]
     windows = tuple(hf["sliding_window"] if t == "sliding_attention" else None
                     for t in layer_types)
+  elif arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"):
+    windows = _gemma_windows(hf, arch, n_layers)
   n_heads = hf["num_attention_heads"]
+  head_dim = hf.get("head_dim") or defaults.get("head_dim") or hf["hidden_size"] // n_heads
+  gemma23 = arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+  query_pre_attn_scalar = None
+  if gemma23:
+    query_pre_attn_scalar = hf.get("query_pre_attn_scalar",
+                                   defaults["query_pre_attn_scalar"])
+    if query_pre_attn_scalar == head_dim:
+      query_pre_attn_scalar = None
+  # transformers' Gemma 3 attention takes no soft-cap.
+  attn_softcap = (hf.get("attn_logit_softcapping", defaults["attn_logit_softcapping"])
+                  if arch == "Gemma2ForCausalLM" else None)
+  final_softcap = (hf.get("final_logit_softcapping", defaults["final_logit_softcapping"])
+                   if gemma23 else None)
   fields = dict(
       vocab_size=hf["vocab_size"],
       d_model=hf["hidden_size"],
       n_layers=n_layers,
       n_heads=n_heads,
       n_kv_heads=hf.get("num_key_value_heads") or n_heads,
-      head_dim=hf.get("head_dim") or hf["hidden_size"] // n_heads,
+      head_dim=head_dim,
       mlp_dim=hf["intermediate_size"],
       mlp_activation=_ACTIVATIONS[act],
       norm_eps=hf.get("rms_norm_eps", 1e-6),
       norm_plus_one=gemma,
       embed_scale=gemma,
-      rope_theta=float(rope_params.get("rope_theta",
-                                       hf.get("rope_theta", 10_000.0))),
+      **rope,
+      query_pre_attn_scalar=query_pre_attn_scalar,
       qkv_bias=arch == "Qwen2ForCausalLM",
-      qk_norm=arch == "Qwen3ForCausalLM",
+      qk_norm=arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM"),
+      post_norms=gemma23,
       tie_embeddings=bool(hf.get("tie_word_embeddings", gemma)),
+      attn_logit_softcap=attn_softcap,
+      final_logit_softcap=final_softcap,
       sliding_windows=windows,
   )
   return TransformerConfig(**{**fields, **overrides}).validate()
@@ -109,10 +236,19 @@ def architecture_of(config: TransformerConfig) -> str:
   """The HF architecture that expresses ``config``; ValueError if none does."""
   gemma = (config.norm_plus_one, config.embed_scale, config.mlp_activation == "gelu")
   if any(gemma):
-    if not all(gemma) or config.qkv_bias or config.qk_norm:
+    if not all(gemma) or config.qkv_bias:
       raise ValueError("a Gemma checkpoint has 1 + w norms, scaled embeddings and tanh-GELU "
-                       "together, without q/k/v biases or q/k norms")
-    arch = "GemmaForCausalLM"
+                       "together, without q/k/v biases")
+    if config.post_norms:
+      arch = "Gemma3ForCausalLM" if config.qk_norm else "Gemma2ForCausalLM"
+    elif config.qk_norm:
+      raise ValueError("a Gemma checkpoint with q/k norms is Gemma 3, which also has "
+                       "post_norms")
+    else:
+      arch = "GemmaForCausalLM"
+  elif config.post_norms:
+    raise ValueError("post_norms (sandwich norms) are Gemma 2 / 3's, with 1 + w norms, "
+                     "scaled embeddings and tanh-GELU")
   elif config.qkv_bias and config.qk_norm:
     raise ValueError("no supported architecture has both q/k/v biases and q/k norms")
   elif config.qkv_bias:
@@ -121,10 +257,20 @@ def architecture_of(config: TransformerConfig) -> str:
     arch = "Qwen3ForCausalLM"
   else:
     arch = "LlamaForCausalLM"
-  if config.attn_logit_softcap is not None or config.final_logit_softcap is not None:
-    raise ValueError("logit soft-capping (Gemma 2) cannot be exported yet")
-  if config.sliding_windows is not None and arch not in ("Qwen2ForCausalLM",
-                                                         "Qwen3ForCausalLM"):
+  gemma23 = arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+  if config.query_scale is not None and not gemma23:
+    raise ValueError(f"{arch} has no query_pre_attn_scalar (Gemma 2 / 3 have)")
+  if config.attn_logit_softcap is not None and arch != "Gemma2ForCausalLM":
+    raise ValueError("attention logit soft-capping is exported as Gemma 2 only "
+                     f"(not {arch})")
+  if config.final_logit_softcap is not None and not gemma23:
+    raise ValueError(f"final logit soft-capping is exported as Gemma 2 / 3 only (not {arch})")
+  if arch != "Gemma3ForCausalLM" and (config.has_local_rope
+                                      or config.rope_scaling_factor != 1.0):
+    raise ValueError("a local RoPE base and linear RoPE scaling are exported as "
+                     f"Gemma 3 only (not {arch})")
+  if config.sliding_windows is not None and arch not in (
+      "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"):
     raise ValueError(f"{arch} has no sliding windows")
   return arch
 
@@ -142,14 +288,29 @@ def config_to_hf(config: TransformerConfig) -> dict[str, Any]:
       rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
       rope_theta=config.rope_theta, attention_bias=False, torch_dtype="float32")
   act = {v: k for k, v in _ACTIVATIONS.items()}[config.mlp_activation]
-  hf["hidden_activation" if arch == "GemmaForCausalLM" else "hidden_act"] = act
-  if config.sliding_windows is not None:
-    windows = [w for w in config.sliding_windows if w is not None]
-    if len(set(windows)) > 1:
-      raise ValueError("HF checkpoints have one sliding window size")
+  hf["hidden_activation" if arch in _GEMMAS else "hidden_act"] = act
+  windows = [w for w in config.sliding_windows or () if w is not None]
+  if len(set(windows)) > 1:
+    raise ValueError("HF checkpoints have one sliding window size")
+  layer_types = ["full_attention" if w is None else "sliding_attention"
+                 for w in config.sliding_windows or (None,) * config.n_layers]
+  if arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"):
+    hf.update(query_pre_attn_scalar=config.query_pre_attn_scalar or config.head_dim,
+              final_logit_softcapping=config.final_logit_softcap,
+              attn_logit_softcapping=config.attn_logit_softcap,
+              sliding_window=windows[0] if windows else 4096,
+              layer_types=layer_types)
+  elif config.sliding_windows is not None:
     hf.update(use_sliding_window=True, sliding_window=windows[0], max_window_layers=0,
-              layer_types=["full_attention" if w is None else "sliding_attention"
-                           for w in config.sliding_windows])
+              layer_types=layer_types)
+  if arch == "Gemma3ForCausalLM":
+    full = {"rope_type": "default", "rope_theta": config.rope_theta}
+    if config.rope_scaling_factor != 1.0:
+      full.update(rope_type="linear", factor=config.rope_scaling_factor)
+    local = ({"rope_type": "default", "rope_theta": config.local_rope_theta}
+             if config.has_local_rope else dict(full))
+    del hf["rope_theta"]
+    hf["rope_parameters"] = {"full_attention": full, "sliding_attention": local}
   return hf
 
 
@@ -179,6 +340,10 @@ def _tensor_map(config: TransformerConfig) -> dict[str, tuple[str, Any, Any]]:
   if config.qk_norm:
     table["q_norm"] = ("self_attn.q_norm.weight", same, same)
     table["k_norm"] = ("self_attn.k_norm.weight", same, same)
+  if config.post_norms:  # Gemma 2 / 3: post_attention_layernorm is a post-norm.
+    table["post_attn_norm"] = ("post_attention_layernorm.weight", same, same)
+    table["mlp_norm"] = ("pre_feedforward_layernorm.weight", same, same)
+    table["post_mlp_norm"] = ("post_feedforward_layernorm.weight", same, same)
   return table
 
 

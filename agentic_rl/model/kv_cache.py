@@ -106,8 +106,8 @@ def _run(params, tokens_BxT, positions_BxT, cache, config, *, from_start):
   x_BxTxD = transformer.embed_tokens(params, tokens_BxT, config)
   # Cache positions lie in [0, max_len): a table lookup, computed once per
   # decode loop rather than in every layer of every step.
-  rope = transformer.rope_tables(positions_BxT, config.head_dim,
-                                 config.rope_theta, table_len=cache.max_len)
+  ropes = transformer.model_ropes(positions_BxT, config,
+                                  table_len=cache.max_len)
   for i in range(config.n_layers):
 
     def attend(q, k, v, i=i):
@@ -122,7 +122,8 @@ def _run(params, tokens_BxT, positions_BxT, cache, config, *, from_start):
                        q_positions_BxT=positions_BxT, **kwargs), None
 
     x_BxTxD, _ = transformer.decoder_layer(
-        x_BxTxD, transformer.layer_params(params, i), rope, config, attend)
+        x_BxTxD, transformer.layer_params(params, i),
+        transformer.layer_rope(ropes, windows[i]), config, attend)
   logits_BxTxV, hidden_BxTxD = transformer.output_logits(params, x_BxTxD, config)
   return logits_BxTxV, hidden_BxTxD, KVCache(k=tuple(k_layers),
                                              v=tuple(v_layers))

@@ -19,6 +19,7 @@ L layers)::
   layers/wo [L, H, Dh, D]          layers/w_down [L, F, D]
   layers/bq [L, H, Dh], bk, bv [L, K, Dh]     (qkv_bias)
   layers/q_norm, k_norm [L, Dh]               (qk_norm)
+  layers/post_attn_norm, post_mlp_norm [L, D]  (post_norms)
 
 The building blocks below (``embed_tokens``, ``decoder_layer``,
 ``output_logits``, ``check_tokens``, ...) are shared with ``kv_cache``.
@@ -35,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from agentic_rl.kernels.reference import NO_WINDOW
 from agentic_rl.model.attention import attention
 from agentic_rl.model.config import TransformerConfig
 from agentic_rl.model.remat import recompute_in_backward
@@ -71,6 +73,9 @@ def _param_table(config: TransformerConfig) -> dict[str, Any]:
   if config.qk_norm:
     layer["q_norm"] = ((Dh,), ("head_dim",), norm)
     layer["k_norm"] = ((Dh,), ("head_dim",), norm)
+  if config.post_norms:
+    layer["post_attn_norm"] = ((D,), ("embed",), norm)
+    layer["post_mlp_norm"] = ((D,), ("embed",), norm)
   table = {
       "embed": ((V, D), ("vocab", "embed"), D ** -0.5),
       "layers": {name: ((L, *shape), ("layers", *axes), init)
@@ -148,10 +153,10 @@ Rope = tuple[jax.Array, jax.Array]  # (cos, sin), each [B, T, 1, Dh / 2]
 
 
 def rope_tables(positions_BxT: jax.Array, head_dim: int, theta: float, *,
-                table_len: int | None = None) -> Rope:
+                table_len: int | None = None, factor: float = 1.0) -> Rope:
   """fp32 ``(cos a, sin a)`` ``[B, T, 1, Dh/2]`` with
-  ``a_i = pos / theta ** (2i / Dh)``; computed once per forward and shared by
-  every layer's q and k.
+  ``a_i = pos / factor / theta ** (2i / Dh)`` (``factor``: linear RoPE
+  scaling); computed once per forward and shared by every layer's q and k.
 
   With ``table_len`` (positions in ``[0, table_len)``; others are clipped),
   the tables are computed for all ``table_len`` positions and gathered by
@@ -161,14 +166,48 @@ def rope_tables(positions_BxT: jax.Array, head_dim: int, theta: float, *,
   (BENCHMARKS.md, CPU 2026-12-01).
   """
   if table_len is not None:
-    cos_S, sin_S = rope_tables(jnp.arange(table_len)[None], head_dim, theta)
+    cos_S, sin_S = rope_tables(jnp.arange(table_len)[None], head_dim, theta,
+                               factor=factor)
     at = jnp.clip(positions_BxT, 0, table_len - 1)
     return cos_S[0][at], sin_S[0][at]
   inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32)
                               / head_dim))
+  if factor != 1.0:
+    inv_freq = inv_freq / factor
   angles_BxTxHalf = positions_BxT[..., None].astype(jnp.float32) * inv_freq
   return (jnp.cos(angles_BxTxHalf)[:, :, None, :],
           jnp.sin(angles_BxTxHalf)[:, :, None, :])
+
+
+Ropes = tuple[Rope, Rope | None]  # (global, local: None without local_rope_theta)
+
+
+def model_ropes(positions_BxT: jax.Array, config: TransformerConfig, *,
+                table_len: int | None = None) -> Ropes:
+  """The RoPE tables of ``config``'s layers (:func:`rope_tables`): the
+  global one (``rope_theta``, ``rope_scaling_factor``) and, when
+  ``config.has_local_rope``, the sliding-window layers' one
+  (``local_rope_theta``, unscaled)."""
+  tables = functools.partial(rope_tables, positions_BxT, config.head_dim,
+                             table_len=table_len)
+  glob = tables(config.rope_theta, factor=config.rope_scaling_factor)
+  local = tables(config.local_rope_theta) if config.has_local_rope else None
+  return glob, local
+
+
+def layer_rope(ropes: Ropes, window) -> Rope:
+  """The rope of a layer with ``window`` (None or ``NO_WINDOW``: global).
+
+  ``window`` may be a Python int / None (unrolled layers: a static choice)
+  or a traced int32 scalar (the :func:`forward` scan: a select).
+  """
+  glob, local = ropes
+  if local is None or window is None:
+    return glob
+  if isinstance(window, (int, np.integer)):
+    return glob if window == NO_WINDOW else local
+  is_local = window != NO_WINDOW
+  return tuple(jnp.where(is_local, l, g) for g, l in zip(glob, local))
 
 
 def rotate(x_BxTxNxD: jax.Array, rope: Rope) -> jax.Array:
@@ -265,10 +304,14 @@ def decoder_layer(x_BxTxD: jax.Array, p: Params, rope: Rope,
                   attend: AttendFn) -> tuple[jax.Array, Any]:
   """One pre-norm layer on one layer's params ``p`` (no ``layers`` axis).
 
-  ``rope``: :func:`rope_tables` of the tokens' positions.
+  ``rope``: :func:`rope_tables` of the tokens' positions (this layer's,
+  :func:`layer_rope`).
 
-  ``attend(q, k, v)`` (q, k after qk-norm and RoPE) returns the attention
-  output and an auxiliary value (e.g. an updated KV cache) passed through.
+  ``attend(q, k, v)`` (q, k after qk-norm and RoPE, q times
+  ``config.query_scale`` when set) returns the attention output and an
+  auxiliary value (e.g. an updated KV cache) passed through. With
+  ``post_norms`` the attention and MLP outputs are RMS-normed before their
+  residual adds.
   """
   eps, plus_one = config.norm_eps, config.norm_plus_one
   h = rms_norm(x_BxTxD, p["attn_norm"], eps=eps, plus_one=plus_one)
@@ -284,8 +327,14 @@ def decoder_layer(x_BxTxD: jax.Array, p: Params, rope: Rope,
     k_BxTxKxDh = rms_norm(k_BxTxKxDh, p["k_norm"], eps=eps, plus_one=plus_one)
   q_BxTxHxDh = rotate(q_BxTxHxDh, rope)
   k_BxTxKxDh = rotate(k_BxTxKxDh, rope)
+  if config.query_scale is not None:
+    q_BxTxHxDh = q_BxTxHxDh * jnp.asarray(config.query_scale, q_BxTxHxDh.dtype)
   o_BxTxHxDh, aux = attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh)
-  x_BxTxD = x_BxTxD + _dense(o_BxTxHxDh, p["wo"], "bthk,hkd->btd")
+  attn_BxTxD = _dense(o_BxTxHxDh, p["wo"], "bthk,hkd->btd")
+  if config.post_norms:
+    attn_BxTxD = rms_norm(attn_BxTxD, p["post_attn_norm"], eps=eps,
+                          plus_one=plus_one)
+  x_BxTxD = x_BxTxD + attn_BxTxD
 
   h = rms_norm(x_BxTxD, p["mlp_norm"], eps=eps, plus_one=plus_one)
   gate_BxTxF = _dense(h, p["w_gate"], "btd,df->btf")
@@ -293,11 +342,14 @@ def decoder_layer(x_BxTxD: jax.Array, p: Params, rope: Rope,
   if config.backward_recompute:
     # Keeps gate and up (not act(gate), the product, ...) for the backward.
     down = functools.partial(_gated_down, activation=config.mlp_activation)
-    x_BxTxD = x_BxTxD + recompute_in_backward(down, gate_BxTxF, up_BxTxF, p["w_down"])
+    mlp_BxTxD = recompute_in_backward(down, gate_BxTxF, up_BxTxF, p["w_down"])
   else:
-    x_BxTxD = x_BxTxD + _gated_down(gate_BxTxF, up_BxTxF, p["w_down"],
-                                    activation=config.mlp_activation)
-  return x_BxTxD, aux
+    mlp_BxTxD = _gated_down(gate_BxTxF, up_BxTxF, p["w_down"],
+                            activation=config.mlp_activation)
+  if config.post_norms:
+    mlp_BxTxD = rms_norm(mlp_BxTxD, p["post_mlp_norm"], eps=eps,
+                         plus_one=plus_one)
+  return x_BxTxD + mlp_BxTxD, aux
 
 
 def _gated_down(gate_BxTxF, up_BxTxF, w_down, *, activation: str) -> jax.Array:
@@ -406,7 +458,7 @@ def forward(
   check_shape("segment_ids_BxT", segment_ids_BxT, (B, T))
   if positions_BxT is None:
     positions_BxT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-  rope = rope_tables(positions_BxT, config.head_dim, config.rope_theta)
+  ropes = model_ropes(positions_BxT, config)
 
   def body(x_BxTxD, layer):
     p, window = layer
@@ -421,7 +473,8 @@ def forward(
                       softcap=config.attn_logit_softcap)
       return out, None
 
-    x_BxTxD, _ = decoder_layer(x_BxTxD, p, rope, config, attend)
+    x_BxTxD, _ = decoder_layer(x_BxTxD, p, layer_rope(ropes, window), config,
+                               attend)
     return x_BxTxD, None
 
   if config.remat:
