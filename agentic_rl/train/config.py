@@ -51,7 +51,14 @@ def model_config(cfg, vocab_size: int) -> model_lib.TransformerConfig:
   (``"auto"`` becomes a backend; one that cannot run here is refused)."""
   m = dict(cfg.model)
   m.pop("logprob_impl")
-  config = model_lib.TransformerConfig(vocab_size=vocab_size, **m).validate()
+  if "lora_targets" in m:
+    m["lora_targets"] = tuple(m["lora_targets"])
+  try:
+    config = model_lib.TransformerConfig(vocab_size=vocab_size, **m).validate()
+  except ValueError as e:
+    if str(e).startswith("lora_"):
+      raise ConfigError(f"config.model.{e} (--config.model.{str(e).split()[0]}=...)") from None
+    raise
   try:
     return config.resolved()
   except ValueError as e:
@@ -161,6 +168,11 @@ def _validate_rl_stage(name: str, stage, model_cfg, levels, host: bool) -> None:
          f"--config.{name}.loss_kwargs.kimi.tau), got loss={stage.loss!r}")
   _validate_keyed_kwargs(name, stage)
   if stage.get("reference_from"):
+    if model_cfg.lora_rank:
+      _err(f"config.{name}.reference_from loads a full policy from another run, and a LoRA "
+           "run (config.model.lora_rank > 0) keeps its reference as its own base with the "
+           f"stage's starting adapters; clear config.{name}.reference_from or set "
+           "config.model.lora_rank=0")
     if not stage.kl_coef:
       _err(f"config.{name}.reference_from names a reference policy, which only a KL "
            f"penalty uses; set config.{name}.kl_coef > 0 or clear reference_from")

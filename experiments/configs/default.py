@@ -135,7 +135,14 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       # Kernel backends (agentic_rl.kernels.backends); "auto" is the
       # platform's choice: the XLA references on CPU (the same program as
       # "xla"), the Triton kernels on GPU, the Mosaic TPU kernels on TPU.
-      attn_impl="auto", logprob_impl="auto", remat=False))
+      attn_impl="auto", logprob_impl="auto", remat=False,
+      # LoRA (agentic_rl.model.lora): rank > 0 trains low-rank adapters on
+      # lora_targets only, scaled by lora_alpha / rank and stored in
+      # lora_dtype; the base stays frozen in param_dtype, checkpoints hold
+      # the adapters, experiments.export writes them merged.
+      lora_rank=0, lora_alpha=16.0,
+      lora_targets=("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"),
+      lora_dtype="float32"))
   c.tasks = ml_collections.ConfigDict(dict(
       # "jax": the built-in families below, stepped inside the jitted
       # rollout; "host": a Python environment (host_env: "MODULE:FACTORY",
