@@ -213,7 +213,10 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
     else:
       params, root_key = restored_params(run, restored["params"]), restored["rng"]
       if run.model_config.lora_rank and restored.get("ref_params") is not None:
-        restored = dict(restored, ref_params=lora.with_adapters(params, restored["ref_params"]))
+        # The reference's own copy of the base, as rl.reference_policy makes it
+        # (the train state is donated, and one buffer cannot be donated twice).
+        restored = dict(restored, ref_params=lora.with_adapters(
+            jax.tree.map(jnp.copy, params), restored["ref_params"]))
       controls = rl.Controls(signal.PromptHistory(**restored["history"]),
                              float(restored["entropy_coef"]),
                              shift.StalenessBound(*map(int, restored["staleness"])))
