@@ -8,7 +8,9 @@ for a run that started from a checkpoint (``config.model.init_from``) its
 tokenizer files and chat template:
 ``transformers.AutoModelForCausalLM.from_pretrained(OUT)`` loads it, as
 ``LlamaForCausalLM`` for the project's own model, or as the architecture of
-the checkpoint the run started from (``agentic_rl.model.hf``).
+the checkpoint the run started from (``agentic_rl.model.hf``). A LoRA run's
+adapters are merged into its base (``agentic_rl.model.lora.merge``): the
+export is a plain checkpoint of the adapted model.
 
 With ``--check`` (needs torch and transformers) it then measures the
 deployed distribution: the policy plays ``--check_prompts`` held-out
@@ -26,7 +28,8 @@ from absl import app
 from absl import flags
 
 from agentic_rl import model as model_lib
-from agentic_rl.train import checkpoint, resume
+from agentic_rl.model import lora
+from agentic_rl.train import checkpoint, loop, resume
 from agentic_rl.train import config as config_lib
 from agentic_rl.train import export as export_lib
 from agentic_rl.train import run as run_lib
@@ -41,18 +44,22 @@ _CHECK_PROMPTS = flags.DEFINE_integer("check_prompts", 8, "Held-out episodes to 
 
 
 def _load(workdir: str):
-  """``(cfg, model config, params)`` of the latest checkpoint of a run."""
+  """``(cfg, model config, params)`` of the latest checkpoint of a run (a
+  LoRA run's with its base rebuilt, as on resume, and its adapters)."""
   cfg = resume.saved_config(workdir)
   if cfg is None:
     raise ValueError(f"{workdir} has no config.json: is it a run directory?")
   config = config_lib.model_config(cfg)
   like = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.key(0)))
-  return cfg, config, checkpoint.load_params(workdir, like=like)
+  if not config.lora_rank:
+    return cfg, config, checkpoint.load_params(workdir, like=like)
+  adapters = checkpoint.load_params(workdir, like=lora.adapters(like))
+  return cfg, config, loop.restored_params(run_lib.build(cfg), adapters)
 
 
 def export(workdir: str, out: str) -> str:
-  """Writes the latest checkpoint of ``workdir`` to ``out``; returns the
-  architecture written."""
+  """Writes the latest checkpoint of ``workdir`` to ``out`` (LoRA adapters
+  merged); returns the architecture written."""
   cfg, config, params = _load(workdir)
   return export_lib.export_policy(cfg, config, params, out)
 

@@ -36,6 +36,8 @@ from agentic_rl.kernels.reference import NO_WINDOW
 MLP_ACTIVATIONS = ("silu", "gelu")
 # "auto" and every attention backend (agentic_rl.kernels.backends).
 ATTN_IMPLS = backends.ATTN_IMPLS
+# The projections LoRA can adapt (``lora_targets``), by parameter name.
+LORA_TARGETS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 
 def alternating_windows(
@@ -118,6 +120,16 @@ class TransformerConfig:
       (:func:`agentic_rl.model.remat.recompute_in_backward`): the same
       values and gradients bit for bit, a third fewer temporaries in a
       learner step; False keeps autodiff's residuals.
+    lora_rank: r of the low-rank adapters (LoRA, Hu et al. 2021), 0 for none.
+      A targeted projection ``W`` computes ``W x + (lora_alpha / r) B(A x)``
+      with ``A`` ``[in, r]`` and ``B`` ``[r, out]`` (zero at init, so the
+      adapted model starts equal to its base); the trainer then updates only
+      ``A`` and ``B`` (:mod:`agentic_rl.model.lora`).
+    lora_alpha: the adapters' scale is ``lora_alpha / lora_rank``.
+    lora_targets: which projections get adapters, a subset of
+      :data:`LORA_TARGETS`.
+    lora_dtype: dtype the adapters are stored in (the base stays in
+      ``param_dtype``, e.g. bfloat16, with float32 adapters).
   """
 
   vocab_size: int
@@ -148,11 +160,18 @@ class TransformerConfig:
   remat: bool = False
   scan_unroll: int | None = None
   backward_recompute: bool = True
+  # LoRA adapters (agentic_rl.model.lora).
+  lora_rank: int = 0
+  lora_alpha: float = 16.0
+  lora_targets: tuple[str, ...] = LORA_TARGETS
+  lora_dtype: Any = "float32"
 
   def __post_init__(self):
     # Lists are unhashable (and jit needs a hashable static config).
     if isinstance(self.sliding_windows, list):
       object.__setattr__(self, "sliding_windows", tuple(self.sliding_windows))
+    if isinstance(self.lora_targets, list):
+      object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
 
   # --- presets ---------------------------------------------------------------
 
@@ -195,6 +214,15 @@ class TransformerConfig:
   @property
   def params_dtype(self) -> jnp.dtype:
     return jnp.dtype(self.param_dtype)
+
+  @property
+  def lora_scale(self) -> float:
+    """``lora_alpha / lora_rank``, the adapters' scale (0.0 without LoRA)."""
+    return self.lora_alpha / self.lora_rank if self.lora_rank else 0.0
+
+  def lora_adapts(self, name: str) -> bool:
+    """Whether the projection ``name`` (e.g. "wq") has LoRA adapters."""
+    return self.lora_rank > 0 and name in self.lora_targets
 
   @property
   def has_sliding_windows(self) -> bool:
@@ -277,7 +305,8 @@ class TransformerConfig:
           raise ValueError(
               f"sliding_windows[{i}] must be None or an int in "
               f"[1, {NO_WINDOW}), got {w!r}")
-    for name in ("dtype", "param_dtype"):
+    self._validate_lora()
+    for name in ("dtype", "param_dtype", "lora_dtype"):
       try:
         dt = jnp.dtype(getattr(self, name))
       except TypeError as e:
@@ -285,3 +314,24 @@ class TransformerConfig:
       if not jnp.issubdtype(dt, jnp.floating):
         raise ValueError(f"{name} must be a floating dtype, got {dt}")
     return self
+
+  def _validate_lora(self) -> None:
+    rank = self.lora_rank
+    if not isinstance(rank, (int, np.integer)) or isinstance(rank, bool) or rank < 0:
+      raise ValueError(f"lora_rank must be an int >= 0 (0: no adapters), got {rank!r}")
+    if isinstance(self.lora_alpha, bool) or not isinstance(
+        self.lora_alpha, (int, float, np.number)) or not self.lora_alpha > 0:
+      raise ValueError(f"lora_alpha must be a number > 0 (the adapters' scale is "
+                       f"lora_alpha / lora_rank), got {self.lora_alpha!r}")
+    targets = self.lora_targets
+    if isinstance(targets, str) or not isinstance(targets, tuple):
+      raise ValueError(f"lora_targets must be a tuple of projection names from "
+                       f"{LORA_TARGETS}, got {targets!r}")
+    if unknown := [t for t in targets if t not in LORA_TARGETS]:
+      raise ValueError(f"lora_targets has unknown projections {unknown}; valid: "
+                       f"{', '.join(LORA_TARGETS)}")
+    if len(set(targets)) != len(targets):
+      raise ValueError(f"lora_targets names a projection twice: {targets!r}")
+    if rank and not targets:
+      raise ValueError("lora_targets is empty with lora_rank > 0: name at least one "
+                       f"projection of {LORA_TARGETS}, or set lora_rank=0")

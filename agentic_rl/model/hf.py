@@ -421,7 +421,10 @@ def save_hf_checkpoint(path: str, config: TransformerConfig, params) -> None:
   """Writes ``config.json`` and ``model.safetensors`` (the parameters in
   float32, which holds bfloat16 ones exactly) to the directory ``path``,
   for the architecture :func:`architecture_of` picks; ValueError if none
-  expresses ``config``."""
+  expresses ``config``, or for LoRA adapters (``lora.merge`` them first)."""
+  if config.lora_rank:
+    raise ValueError("save_hf_checkpoint writes plain weights: fold the LoRA adapters in "
+                     "first, config, params = agentic_rl.model.lora.merge(params, config)")
   hf = config_to_hf(config)
   params = jax.tree.map(lambda x: np.asarray(x, np.float32), jax.device_get(params))
   if "layers" not in params:  # unstacked (a list of layers)

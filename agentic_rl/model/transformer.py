@@ -20,6 +20,9 @@ L layers)::
   layers/bq [L, H, Dh], bk, bv [L, K, Dh]     (qkv_bias)
   layers/q_norm, k_norm [L, Dh]               (qk_norm)
   layers/post_attn_norm, post_mlp_norm [L, D]  (post_norms)
+  layers/lora_<w>_a [L, in..., r]             (lora_rank r, each targeted w)
+  layers/lora_<w>_b [L, r, out...]            e.g. lora_wq_a [L, D, r],
+                                              lora_wq_b [L, r, H, Dh]
 
 The building blocks below (``embed_tokens``, ``decoder_layer``,
 ``output_logits``, ``check_tokens``, ...) are shared with ``kv_cache``.
@@ -38,7 +41,7 @@ from jax import lax
 
 from agentic_rl.kernels.reference import NO_WINDOW
 from agentic_rl.model.attention import attention
-from agentic_rl.model.config import TransformerConfig
+from agentic_rl.model.config import LORA_TARGETS, TransformerConfig
 from agentic_rl.model.remat import recompute_in_backward
 
 
@@ -76,6 +79,7 @@ def _param_table(config: TransformerConfig) -> dict[str, Any]:
   if config.post_norms:
     layer["post_attn_norm"] = ((D,), ("embed",), norm)
     layer["post_mlp_norm"] = ((D,), ("embed",), norm)
+  layer.update(_lora_entries(layer, config))
   table = {
       "embed": ((V, D), ("vocab", "embed"), D ** -0.5),
       "layers": {name: ((L, *shape), ("layers", *axes), init)
@@ -85,6 +89,28 @@ def _param_table(config: TransformerConfig) -> dict[str, Any]:
   if not config.tie_embeddings:
     table["unembed"] = ((D, V), ("embed", "vocab"), D ** -0.5)
   return table
+
+
+def _lora_entries(layer: dict[str, Any], config: TransformerConfig) -> dict[str, Any]:
+  """LoRA's ``lora_<w>_a`` ``[in..., r]`` (``N(0, 1 / fan_in)``) and
+  ``lora_<w>_b`` ``[r, out...]`` (zeros) for each targeted projection ``w``
+  of one layer's table; the rank axis is "lora_rank" (replicated)."""
+  entries = {}
+  for name in LORA_TARGETS:
+    if not config.lora_adapts(name):
+      continue
+    shape, axes, _ = layer[name]
+    n_in = 2 if name == "wo" else 1  # wo contracts (H, Dh); the others D or F
+    r = config.lora_rank
+    entries[f"lora_{name}_a"] = ((*shape[:n_in], r), (*axes[:n_in], "lora_rank"),
+                                 math.prod(shape[:n_in]) ** -0.5)
+    entries[f"lora_{name}_b"] = ((r, *shape[n_in:]), ("lora_rank", *axes[n_in:]), "zeros")
+  return entries
+
+
+def is_adapter_name(name: str) -> bool:
+  """Whether a ``layers`` key names a LoRA adapter (``lora_<w>_a`` / ``_b``)."""
+  return name.startswith("lora_")
 
 
 def _is_entry(x) -> bool:
@@ -98,17 +124,40 @@ def init_params(config: TransformerConfig, key: jax.Array) -> Params:
   unembedding) ``N(0, d_model ** -0.5)``, biases zero, norm scales one (zero
   with ``norm_plus_one``, so the scale ``1 + w`` starts at one). Runs as one
   jitted computation (one compile per config, not one per array shape).
+
+  With ``lora_rank > 0`` the base is the one drawn without LoRA from ``key``
+  and the adapters are :func:`init_adapters` of ``fold_in(key, 1)``.
   """
   config.validate()
-  return _init_params(config, key)
+  params = _init_params(config, key)
+  if config.lora_rank:
+    adapters = init_adapters(config, jax.random.fold_in(key, 1))
+    params = {**params, "layers": {**params["layers"], **adapters["layers"]}}
+  return params
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _init_params(config: TransformerConfig, key: jax.Array) -> Params:
+def init_adapters(config: TransformerConfig, key: jax.Array) -> Params:
+  """Fresh LoRA adapters ``{"layers": {lora_<w>_a, lora_<w>_b, ...}}`` in
+  ``lora_dtype``: ``A ~ N(0, 1 / fan_in)``, ``B = 0`` (the adapted model
+  starts equal to its base)."""
+  config.validate()
+  return _init_params(config, key, adapters=True)
+
+
+def _table_part(config: TransformerConfig, adapters: bool) -> dict[str, Any]:
+  """The parameter table without the adapters, or only them (``adapters``)."""
+  table = _param_table(config)
+  layers = {k: v for k, v in table["layers"].items() if is_adapter_name(k) == adapters}
+  return {"layers": layers} if adapters else {**table, "layers": layers}
+
+
+@functools.partial(jax.jit, static_argnums=0, static_argnames="adapters")
+def _init_params(config: TransformerConfig, key: jax.Array, *,
+                 adapters: bool = False) -> Params:
   # One normal draw for all random leaves, sliced up: XLA:CPU compiles one
   # random kernel per shape, which takes seconds each.
-  dtype = config.params_dtype
-  entries, treedef = jax.tree.flatten(_param_table(config), is_leaf=_is_entry)
+  dtype = jnp.dtype(config.lora_dtype) if adapters else config.params_dtype
+  entries, treedef = jax.tree.flatten(_table_part(config, adapters), is_leaf=_is_entry)
   sizes = [math.prod(shape) for shape, _, init in entries
            if not isinstance(init, str)]
   z = jax.random.normal(key, (sum(sizes),), jnp.float32)
@@ -128,7 +177,8 @@ def _init_params(config: TransformerConfig, key: jax.Array) -> Params:
 def param_axes(config: TransformerConfig) -> Params:
   """Same tree as :func:`init_params`, leaves are tuples of logical axis names.
 
-  Names: "layers", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab".
+  Names: "layers", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab",
+  "lora_rank".
   """
   config.validate()
   return jax.tree.map(lambda e: e[1], _param_table(config), is_leaf=_is_entry)
@@ -299,6 +349,37 @@ def _dense(x: jax.Array, w: jax.Array, spec: str) -> jax.Array:
   return y.reshape(*lead, *out_dims)
 
 
+def _project(x: jax.Array, p: Params, name: str, spec: str,
+             config: TransformerConfig) -> jax.Array:
+  """The projection ``p[name]`` of ``x`` (``_dense(x, W, spec)``), with its
+  LoRA adapters where ``config`` targets it (Hu et al. 2021)::
+
+    W x + (alpha / r) B (A x),   A = lora_<name>_a [in..., r],
+                                 B = lora_<name>_b [r, out...]
+
+  The low-rank path runs in the compute dtype, as the base product.
+  """
+  y = _dense(x, p[name], spec)
+  if not config.lora_adapts(name):
+    return y
+  return y + _lora_delta(x, p[f"lora_{name}_a"], p[f"lora_{name}_b"], spec,
+                         config.lora_scale)
+
+
+def _lora_delta(x: jax.Array, a: jax.Array, b: jax.Array, spec: str,
+                scale: float) -> jax.Array:
+  """``scale * B(A x)`` for the projection ``spec`` (``_dense``'s) whose
+  weight factors as ``A`` ``[in..., r]`` times ``B`` ``[r, out...]``."""
+  ins, out = spec.split("->")
+  xs, ws = ins.split(",")
+  n = sum(c in ws for c in xs)
+  r = next(c for c in "rzyxwv" if c not in spec)
+  lead, contracted, outs = xs[:len(xs) - n], ws[:n], ws[n:]
+  h = _dense(x, a, f"{xs},{contracted}{r}->{lead}{r}")
+  delta = _dense(h, b, f"{lead}{r},{r}{outs}->{out}")
+  return delta * jnp.asarray(scale, delta.dtype)
+
+
 def decoder_layer(x_BxTxD: jax.Array, p: Params, rope: Rope,
                   config: TransformerConfig,
                   attend: AttendFn) -> tuple[jax.Array, Any]:
@@ -315,9 +396,9 @@ def decoder_layer(x_BxTxD: jax.Array, p: Params, rope: Rope,
   """
   eps, plus_one = config.norm_eps, config.norm_plus_one
   h = rms_norm(x_BxTxD, p["attn_norm"], eps=eps, plus_one=plus_one)
-  q_BxTxHxDh = _dense(h, p["wq"], "btd,dhk->bthk")
-  k_BxTxKxDh = _dense(h, p["wk"], "btd,dhk->bthk")
-  v_BxTxKxDh = _dense(h, p["wv"], "btd,dhk->bthk")
+  q_BxTxHxDh = _project(h, p, "wq", "btd,dhk->bthk", config)
+  k_BxTxKxDh = _project(h, p, "wk", "btd,dhk->bthk", config)
+  v_BxTxKxDh = _project(h, p, "wv", "btd,dhk->bthk", config)
   if config.qkv_bias:
     q_BxTxHxDh += p["bq"].astype(h.dtype)
     k_BxTxKxDh += p["bk"].astype(h.dtype)
@@ -330,32 +411,39 @@ def decoder_layer(x_BxTxD: jax.Array, p: Params, rope: Rope,
   if config.query_scale is not None:
     q_BxTxHxDh = q_BxTxHxDh * jnp.asarray(config.query_scale, q_BxTxHxDh.dtype)
   o_BxTxHxDh, aux = attend(q_BxTxHxDh, k_BxTxKxDh, v_BxTxKxDh)
-  attn_BxTxD = _dense(o_BxTxHxDh, p["wo"], "bthk,hkd->btd")
+  attn_BxTxD = _project(o_BxTxHxDh, p, "wo", "bthk,hkd->btd", config)
   if config.post_norms:
     attn_BxTxD = rms_norm(attn_BxTxD, p["post_attn_norm"], eps=eps,
                           plus_one=plus_one)
   x_BxTxD = x_BxTxD + attn_BxTxD
 
   h = rms_norm(x_BxTxD, p["mlp_norm"], eps=eps, plus_one=plus_one)
-  gate_BxTxF = _dense(h, p["w_gate"], "btd,df->btf")
-  up_BxTxF = _dense(h, p["w_up"], "btd,df->btf")
+  gate_BxTxF = _project(h, p, "w_gate", "btd,df->btf", config)
+  up_BxTxF = _project(h, p, "w_up", "btd,df->btf", config)
+  down_ab = ((p["lora_w_down_a"], p["lora_w_down_b"]) if config.lora_adapts("w_down")
+             else (None, None))
+  down = functools.partial(_gated_down, activation=config.mlp_activation,
+                           lora_scale=config.lora_scale)
   if config.backward_recompute:
     # Keeps gate and up (not act(gate), the product, ...) for the backward.
-    down = functools.partial(_gated_down, activation=config.mlp_activation)
-    mlp_BxTxD = recompute_in_backward(down, gate_BxTxF, up_BxTxF, p["w_down"])
+    mlp_BxTxD = recompute_in_backward(down, gate_BxTxF, up_BxTxF, p["w_down"], *down_ab)
   else:
-    mlp_BxTxD = _gated_down(gate_BxTxF, up_BxTxF, p["w_down"],
-                            activation=config.mlp_activation)
+    mlp_BxTxD = down(gate_BxTxF, up_BxTxF, p["w_down"], *down_ab)
   if config.post_norms:
     mlp_BxTxD = rms_norm(mlp_BxTxD, p["post_mlp_norm"], eps=eps,
                          plus_one=plus_one)
   return x_BxTxD + mlp_BxTxD, aux
 
 
-def _gated_down(gate_BxTxF, up_BxTxF, w_down, *, activation: str) -> jax.Array:
-  """``down(act(gate) * up)``."""
-  return _dense(gated_unit(gate_BxTxF, up_BxTxF, activation=activation), w_down,
-                "btf,fd->btd")
+def _gated_down(gate_BxTxF, up_BxTxF, w_down, lora_a=None, lora_b=None, *,
+                activation: str, lora_scale: float = 0.0) -> jax.Array:
+  """``down(act(gate) * up)``, plus LoRA's ``scale * B(A u)`` on the unit
+  ``u`` when given the adapters ``lora_a`` [F, r], ``lora_b`` [r, D]."""
+  unit_BxTxF = gated_unit(gate_BxTxF, up_BxTxF, activation=activation)
+  y = _dense(unit_BxTxF, w_down, "btf,fd->btd")
+  if lora_a is None:
+    return y
+  return y + _lora_delta(unit_BxTxF, lora_a, lora_b, "btf,fd->btd", lora_scale)
 
 
 def gated_unit(gate: jax.Array, up: jax.Array, *, activation: str) -> jax.Array:

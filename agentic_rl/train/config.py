@@ -52,7 +52,7 @@ def _err(msg: str):
 # ones that apply to a checkpoint's model (config.model.init_from), whose
 # architecture comes from its config.json.
 RUNTIME_KEYS = ("dtype", "param_dtype", "attn_impl", "remat", "scan_unroll",
-                "backward_recompute")
+                "backward_recompute", "lora_rank", "lora_alpha", "lora_targets", "lora_dtype")
 
 
 def model_config(cfg) -> model_lib.TransformerConfig:
@@ -66,6 +66,8 @@ def model_config(cfg) -> model_lib.TransformerConfig:
   m = dict(cfg.model)
   m.pop("logprob_impl")
   init_from = m.pop("init_from", "")
+  if "lora_targets" in m:
+    m["lora_targets"] = tuple(m["lora_targets"])
   try:
     if init_from:
       config = model_lib.hf.config_from_hf(
@@ -76,6 +78,8 @@ def model_config(cfg) -> model_lib.TransformerConfig:
           vocab_size=tok_lib.load_tokenizer().vocab_size, **m).validate()
     return config.resolved()
   except ValueError as e:
+    if str(e).startswith("lora_"):
+      raise ConfigError(f"config.model.{e} (--config.model.{str(e).split()[0]}=...)") from None
     raise ConfigError(f"config.model.{e}") from None
 
 
@@ -182,6 +186,11 @@ def _validate_rl_stage(name: str, stage, model_cfg, levels, host: bool) -> None:
          f"--config.{name}.loss_kwargs.kimi.tau), got loss={stage.loss!r}")
   _validate_keyed_kwargs(name, stage)
   if stage.get("reference_from"):
+    if model_cfg.lora_rank:
+      _err(f"config.{name}.reference_from loads a full policy from another run, and a LoRA "
+           "run (config.model.lora_rank > 0) keeps its reference as its own base with the "
+           f"stage's starting adapters; clear config.{name}.reference_from or set "
+           "config.model.lora_rank=0")
     if not stage.kl_coef:
       _err(f"config.{name}.reference_from names a reference policy, which only a KL "
            f"penalty uses; set config.{name}.kl_coef > 0 or clear reference_from")

@@ -27,7 +27,7 @@ import jax
 import numpy as np
 
 from agentic_rl import model as model_lib
-from agentic_rl.model import hf
+from agentic_rl.model import hf, lora
 
 DEPLOY_CHECK = ("auto", "on", "off")
 # What a checkpoint directory holds besides its weights and config.json.
@@ -39,9 +39,11 @@ _CONFIG_EXTRAS = ("bos_token_id", "eos_token_id", "pad_token_id", "max_position_
 
 
 def export_policy(cfg, config: model_lib.TransformerConfig, params, out: str) -> str:
-  """Writes ``params`` (of model ``config``) to the directory ``out`` as a
+  """Writes ``params`` (of model ``config``; LoRA adapters merged into the
+  base, :func:`agentic_rl.model.lora.merge`) to the directory ``out`` as a
   Hugging Face checkpoint; returns the architecture written. ValueError
   when no supported architecture expresses ``config``."""
+  config, params = lora.merge(params, config)
   hf.save_hf_checkpoint(out, config, params)
   source = cfg.model.get("init_from", "")
   if source:
@@ -74,7 +76,7 @@ def wants_deploy_check(cfg, config: model_lib.TransformerConfig) -> bool:
                        'pip install -e ".[test]" (or set it to auto)')
     return False
   try:
-    hf.architecture_of(config)
+    hf.architecture_of(dataclasses.replace(config, lora_rank=0))  # exported merged
   except ValueError as e:
     if mode == "on":
       raise ValueError(f"config.export.deploy_check='on': the model does not export: {e}")

@@ -30,6 +30,7 @@ import optax
 from flax import struct
 
 from agentic_rl import objectives
+from agentic_rl.model import lora
 from agentic_rl.model.scoring import sequence_logprobs
 
 Batch = Mapping[str, jax.Array]
@@ -65,6 +66,12 @@ def init_train_state(params, optimizer: optax.GradientTransformation,
   return TrainState(params, jax.tree.unflatten(like, jax.tree.leaves(restored["opt_state"])),
                     jnp.asarray(restored["step"], jnp.int32),
                     restored.get("ref_params") if ref_params is not None else None)
+
+
+def trainable(model_config) -> Callable[[Any], Any] | None:
+  """:func:`make_train_step`'s ``trainable`` for the model: the LoRA adapters
+  alone with ``lora_rank > 0`` (``lora.adapter_mask``), else None (all)."""
+  return lora.adapter_mask if model_config.lora_rank else None
 
 
 def sft_loss(model_config, *, logprob_impl: str = "xla") -> LossFn:
@@ -191,12 +198,19 @@ def _combine_micro(name: str, values_M: jax.Array) -> jax.Array:
 
 def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                     *, micro_batches: int = 1,
-                    prepare: Callable[[TrainState, Batch], Batch] | None = None):
+                    prepare: Callable[[TrainState, Batch], Batch] | None = None,
+                    trainable: Callable[[Any], Any] | None = None):
   """A pure ``step(state, batch) -> (state, metrics, outputs)`` (jit it with
   shardings). ``prepare(state, batch)`` first adds inputs computed without
   gradient from the state (:func:`reference_inputs`). The step's keyword
   ``layer_params_constraint`` (default None) goes on to ``loss_fn`` and
   ``prepare`` when given (:func:`shard_train_step` gives it on FSDP).
+
+  ``trainable(params)`` (None: every parameter) is a tree of bools over the
+  parameters, e.g. ``lora.adapter_mask``: the loss sees the others through
+  ``stop_gradient`` (no gradient is computed for them), their gradients are
+  ``optax.MaskedNode``s (so ``optimizer`` must be masked alike:
+  ``lora.freeze_base``) and the update leaves them as they are, bit for bit.
   """
   if micro_batches < 1:
     raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
@@ -206,19 +220,28 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
            layer_params_constraint=None) -> tuple[TrainState, Metrics, Batch]:
     model_kw = ({} if layer_params_constraint is None
                 else {"layer_params_constraint": layer_params_constraint})
+    mask = None if trainable is None else trainable(state.params)
+
+    def grads_of(params, batch, norm):
+      if mask is None:
+        return grad_fn(params, batch, norm, **model_kw)
+      frozen = jax.tree.map(lambda m, p: p if m else jax.lax.stop_gradient(p), mask, params)
+      value, grads = grad_fn(frozen, batch, norm, **model_kw)
+      return value, jax.tree.map(lambda m, g: g if m else optax.MaskedNode(), mask, grads)
+
     if prepare is not None:
       batch = prepare(state, batch, **model_kw)
     norm = objectives.batch_normalisers(batch["loss_mask_BxT"])
     if micro_batches == 1:
-      (loss, (metrics, outputs)), grads = grad_fn(state.params, batch, norm, **model_kw)
+      (loss, (metrics, outputs)), grads = grads_of(state.params, batch, norm)
     else:
       def body(acc, micro):
-        (loss, (metrics, outputs)), grads = grad_fn(state.params, micro, norm, **model_kw)
+        (loss, (metrics, outputs)), grads = grads_of(state.params, micro, norm)
         acc = jax.tree.map(jnp.add, acc, (loss, grads))
         return acc, (metrics, outputs)
 
       micro = _split(batch, micro_batches)
-      _, grads_shape = jax.eval_shape(functools.partial(grad_fn, **model_kw), state.params,
+      _, grads_shape = jax.eval_shape(grads_of, state.params,
                                       jax.tree.map(lambda x: x[0], micro), norm)
       zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
                            (jax.ShapeDtypeStruct((), jnp.float32), grads_shape))
@@ -231,7 +254,10 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
     def update(args):
       grads, opt_state, params = args
       updates, opt_state = optimizer.update(grads, opt_state, params)
-      return optax.apply_updates(params, updates), opt_state
+      if mask is None:
+        return optax.apply_updates(params, updates), opt_state
+      return jax.tree.map(lambda m, p, u: optax.apply_updates(p, u) if m else p,
+                          mask, params, updates), opt_state
 
     # A conditional, not jnp.where(ok, new, old) on every leaf: that select
     # reads the old optimiser moments after the update wrote the new ones in

@@ -25,6 +25,7 @@ from agentic_rl import invariants
 from agentic_rl import model as model_lib
 from agentic_rl import objectives
 from agentic_rl.invariants import shift, signal
+from agentic_rl.model import lora
 from agentic_rl.train import checkpoint as checkpoint_lib
 from agentic_rl.train import config as config_lib
 from agentic_rl.train import actor as actor_lib
@@ -72,12 +73,50 @@ def _uniform_policy(record: dict[str, float], vocab_size: int) -> float:
   return float(record["learner/grad_norm"] == 0 and spread >= 0.999 * np.log(vocab_size))
 
 
+def _initial_params(run, key: jax.Array):
+  """The parameters the run starts from: the checkpoint's
+  (``config.model.init_from``), placed sharded over the mesh as the learner
+  keeps them, or ``init_params`` of the run's model from ``key``; with LoRA,
+  that base and fresh adapters from ``key``. A LoRA run's checkpoints hold
+  only its adapters: resuming rebuilds the base here
+  (:func:`restored_params`), so this must give the same base every time."""
+  config = run.model_config
+  if not (path := run.cfg.model.get("init_from", "")):
+    return model_lib.init_params(config, key)
+  host = model_lib.hf.load_hf_params(path, config)
+  if config.lora_rank:
+    host = jax.tree.map(np.asarray, lora.add_adapters(host, config, key))
+  return jax.device_put(host, learner.params_sharding(run.mesh, config, host))
+
+
+def _params_key(cfg) -> jax.Array:
+  """The key of :func:`_initial_params`."""
+  return jax.random.fold_in(jax.random.key(cfg.seed), 0)
+
+
+def saved_params(params, model_config):
+  """What a checkpoint holds of ``params``: the adapters alone with LoRA
+  (the base is frozen and rebuilt on restore), else all of them."""
+  if params is None or not model_config.lora_rank:
+    return params
+  return lora.adapters(params)
+
+
+def restored_params(run, saved):
+  """The parameters of a checkpoint's ``saved`` ones (:func:`saved_params`):
+  with LoRA the base of :func:`_initial_params` with the saved adapters."""
+  if not run.model_config.lora_rank:
+    return saved
+  return lora.with_adapters(_initial_params(run, _params_key(run.cfg)), saved)
+
+
 class _Driver:
   """The run's bookkeeping between steps: progress, checkpoints, the metrics
   writer, alarms and guards, and how the run stops."""
 
-  def __init__(self, cfg, workdir: str, stop_after: int | None, interrupts):
+  def __init__(self, cfg, workdir: str, stop_after: int | None, interrupts, model_config):
     self.cfg, self.workdir, self.stop_after, self.interrupts = cfg, workdir, stop_after, interrupts
+    self.model_config = model_config
     self.t_start = time.perf_counter()
     self.ckpt = checkpoint_lib.Checkpointer(workdir, keep=cfg.checkpoint.keep)
     try:
@@ -99,8 +138,9 @@ class _Driver:
 
   def save(self, state: learner.TrainState, actors, controls: rl.Controls, rng) -> None:
     self.summary.update(metrics_lib.wall_times(self.earlier, time.perf_counter() - self.t_start))
-    tree = {"params": state.params, "opt_state": state.opt_state, "step": state.step,
-            "ref_params": state.ref_params,
+    tree = {"params": saved_params(state.params, self.model_config),
+            "opt_state": state.opt_state, "step": state.step,
+            "ref_params": saved_params(state.ref_params, self.model_config),
             "actors": [a[0] for a in actors], "actor_versions": [a[1] for a in actors],
             "history": dataclasses.asdict(controls.history),
             "entropy_coef": np.float32(controls.entropy_coef),
@@ -174,13 +214,19 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
   """
   run = build(cfg)
   with interrupt.Interrupts() as interrupts:
-    d = _Driver(cfg, workdir, stop_after, interrupts)
+    d = _Driver(cfg, workdir, stop_after, interrupts, run.model_config)
     progress, restored = d.progress, d.restored
     root_key = jax.random.key(cfg.seed)
-    params = _initial_params(run, jax.random.fold_in(root_key, 0))
     controls = rl.Controls(signal.init_history(cfg.tasks.train_size), 0.0)
-    if restored is not None:
-      params, root_key = restored["params"], restored["rng"]
+    if restored is None:
+      params = _initial_params(run, _params_key(cfg))
+    else:
+      params, root_key = restored_params(run, restored["params"]), restored["rng"]
+      if run.model_config.lora_rank and restored.get("ref_params") is not None:
+        # The reference's own copy of the base, as rl.reference_policy makes it
+        # (the train state is donated, and one buffer cannot be donated twice).
+        restored = dict(restored, ref_params=lora.with_adapters(
+            jax.tree.map(jnp.copy, params), restored["ref_params"]))
       controls = rl.Controls(signal.PromptHistory(**restored["history"]),
                              float(restored["entropy_coef"]),
                              shift.StalenessBound(*map(int, restored["staleness"])))
@@ -189,6 +235,8 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
       n_steps = _stage_steps(stage)
       opt_cfg = config_lib.optimizer_config(stage, n_steps)
       optimizer = objectives.make_optimizer(opt_cfg)
+      if run.model_config.lora_rank:
+        optimizer = lora.freeze_base(optimizer, params)
       reference = rl.reference_policy(stage, params)
       mid_stage = restored is not None and progress.stage_step > 0
       state = learner.init_train_state(params, optimizer, reference,
@@ -204,7 +252,8 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
         data = run.demonstrations(state.params, stage, stage_key)
         step_fn, state_sharding = learner.shard_train_step(learner.make_train_step(
             learner.sft_loss(run.model_config, logprob_impl=cfg.model.logprob_impl),
-            optimizer, micro_batches=cfg.micro_batches),
+            optimizer, micro_batches=cfg.micro_batches,
+            trainable=learner.trainable(run.model_config)),
             run.mesh, run.model_config, optimizer, state.params)
         state = jax.device_put(state, state_sharding)
         while progress.stage_step < n_steps and not stop:
@@ -272,13 +321,3 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
       print(f"deployed model: per-token log-prob difference at most "
             f"{d.summary['shift/deploy_logprob_diff_max']:.2e}")
   return d.close()
-
-
-def _initial_params(run, key):
-  """The parameters a run starts from: the checkpoint's (``config.model.
-  init_from``), placed sharded over the mesh as the learner keeps them, or
-  drawn with ``key``."""
-  if path := run.cfg.model.get("init_from", ""):
-    host = model_lib.hf.load_hf_params(path, run.model_config)
-    return jax.device_put(host, learner.params_sharding(run.mesh, run.model_config, host))
-  return model_lib.init_params(run.model_config, key)

@@ -147,7 +147,7 @@ def make_rl_stage(run: Run, stage, optimizer, params, *, reset_each_iteration: b
   prepare = learner.reference_inputs(run.model_config, **scoring) if with_reference else None
   step_fn, state_sharding = learner.shard_train_step(
       learner.make_train_step(loss_fn, optimizer, micro_batches=cfg.micro_batches,
-                              prepare=prepare),
+                              prepare=prepare, trainable=learner.trainable(run.model_config)),
       run.mesh, run.model_config, optimizer, params, with_reference=with_reference)
   score_fn = reset_fn = None
   if stage.updates_per_batch > 1:

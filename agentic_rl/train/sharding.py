@@ -63,6 +63,7 @@ LOGICAL_RULES: Mapping[str, MeshAxes] = types.MappingProxyType({
     "head_dim": None,
     "mlp": "tensor",
     "vocab": "tensor",
+    "lora_rank": None,  # LoRA adapters' rank: small, replicated
 })
 
 
@@ -353,7 +354,7 @@ def opt_state_sharding(optimizer: optax.GradientTransformation,
                        mesh: Mesh) -> Any:
   """Shardings of ``optimizer.init(params)``: parameter-shaped leaves (Adam's
   moments, ...) take their parameter's sharding, the rest (step counts) are
-  replicated.
+  replicated; an ``optax.masked`` optimiser's skipped parameters have none.
 
   Args:
     optimizer: the optax transformation.
@@ -362,9 +363,11 @@ def opt_state_sharding(optimizer: optax.GradientTransformation,
     mesh: the mesh, for the replicated leaves.
   """
   abstract_state = jax.eval_shape(optimizer.init, abstract_params)
+  # optax.masked (a frozen LoRA base) leaves MaskedNodes for what it skips.
+  masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
   return optax.tree_map_params(
-      optimizer, lambda _, sharding: sharding, abstract_state, params_sharding,
-      transform_non_params=lambda _: replicated(mesh))
+      optimizer, lambda x, sharding: x if masked(x) else sharding, abstract_state,
+      params_sharding, transform_non_params=lambda _: replicated(mesh), is_leaf=masked)
 
 
 def gathered(shardings: Any,

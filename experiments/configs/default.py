@@ -136,11 +136,18 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       # platform's choice: the XLA references on CPU (the same program as
       # "xla"), the Triton kernels on GPU, the Mosaic TPU kernels on TPU.
       attn_impl="auto", logprob_impl="auto", remat=False,
+      # LoRA (agentic_rl.model.lora): rank > 0 trains low-rank adapters on
+      # lora_targets only, scaled by lora_alpha / rank and stored in
+      # lora_dtype; the base stays frozen in param_dtype, checkpoints hold
+      # the adapters, experiments.export writes them merged.
+      lora_rank=0, lora_alpha=16.0,
+      lora_targets=("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"),
+      lora_dtype="float32",
       # A local Hugging Face checkpoint directory (Llama, Qwen2/2.5, Qwen3,
       # Gemma 1/2/3) to start from: its config.json gives the architecture
-      # (of the keys above only dtype, param_dtype, attn_impl and remat
-      # apply), its weights the parameters, its tokenizer and chat template
-      # the codec. Its tokenizer lacks the reserved tokens the jitted
+      # (of the keys above only dtype, param_dtype, attn_impl, remat and the
+      # lora_* ones apply), its weights the parameters, its tokenizer and chat
+      # template the codec. Its tokenizer lacks the reserved tokens the jitted
       # families read, so it trains on host environments (tasks.source).
       init_from=""))
   c.tasks = ml_collections.ConfigDict(dict(
