@@ -26,6 +26,7 @@ import os
 import jax
 from absl import app
 from absl import flags
+from absl import logging
 
 from agentic_rl import model as model_lib
 from agentic_rl.model import lora
@@ -74,6 +75,8 @@ def deploy_check(workdir: str, out: str, num_prompts: int = 8) -> dict[str, floa
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
   try:
     arch = export(_WORKDIR.value, _OUT.value)
   except ValueError as e:

@@ -18,7 +18,8 @@ Families (templates in ``experiments/chat_templates/``):
          <|eot_id|>; tools in the first user message, calls as a JSON object
          {"name", "parameters"}, results in ``ipython`` turns
   gemma  Gemma: SentencePiece-style BPE with byte fallback,
-         <start_of_turn>/<end_of_turn>, no system or tool role
+         <start_of_turn>/<end_of_turn>, no system or tool role; gemma2 and
+         gemma3 have its tokenizer and template, and their own models
 
 The command line also writes a random tiny transformers model (float32), so
 the directory is a complete checkpoint::
@@ -35,7 +36,7 @@ import os
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, trainers
 
-FAMILIES = ("qwen2", "qwen3", "llama", "gemma")
+FAMILIES = ("qwen2", "qwen3", "llama", "gemma", "gemma2", "gemma3")
 TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chat_templates")
 
 QWEN_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"""
@@ -88,7 +89,7 @@ def _spec(family: str) -> dict:
                 tokens=dict(bos_token="<|begin_of_text|>", eos_token="<|eot_id|>",
                             pad_token=None, unk_token=None),
                 gen_eos=["<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"], add_bos=True)
-  if family == "gemma":
+  if family in ("gemma", "gemma2", "gemma3"):
     added = [(t, True) for t in ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>",
                                  "<start_of_turn>", "<end_of_turn>")]
     return dict(added=added, byte_level=False, tokenizer_class="GemmaTokenizer",
@@ -151,7 +152,8 @@ def build_tokenizer(family: str, vocab_size: int = 400) -> tokenizers.Tokenizer:
 
 
 def chat_template(family: str) -> str:
-  with open(os.path.join(TEMPLATE_DIR, f"{family}.jinja"), encoding="utf-8") as f:
+  name = "gemma" if family.startswith("gemma") else family  # one template for Gemma 1-3
+  with open(os.path.join(TEMPLATE_DIR, f"{name}.jinja"), encoding="utf-8") as f:
     return f.read()
 
 
@@ -201,7 +203,11 @@ def write_model(family: str, out: str, vocab_size: int, *, seed: int = 0) -> Non
 
   torch.manual_seed(seed)
   config_cls = {"qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
-                "llama": transformers.LlamaConfig, "gemma": transformers.GemmaConfig}[family]
+                "llama": transformers.LlamaConfig, "gemma": transformers.GemmaConfig,
+                "gemma2": transformers.Gemma2Config,
+                "gemma3": transformers.Gemma3TextConfig}[family]
+  # Gemma 2 and 3: local layers with a window shorter than an episode.
+  extra = dict(sliding_window=64) if family in ("gemma2", "gemma3") else {}
   tok = tokenizers.Tokenizer.from_file(os.path.join(out, "tokenizer.json"))
   with open(os.path.join(out, "generation_config.json"), encoding="utf-8") as f:
     gen = json.load(f)
@@ -212,7 +218,7 @@ def write_model(family: str, out: str, vocab_size: int, *, seed: int = 0) -> Non
       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
       max_position_embeddings=1024, tie_word_embeddings=True,
       bos_token_id=gen.get("bos_token_id"), eos_token_id=gen["eos_token_id"],
-      pad_token_id=tok.token_to_id(pad) if pad else None)
+      pad_token_id=tok.token_to_id(pad) if pad else None, **extra)
   model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
   model.save_pretrained(out)
   with open(os.path.join(out, "generation_config.json"), "w", encoding="utf-8") as f:

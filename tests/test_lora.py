@@ -295,4 +295,4 @@ def test_a_lora_run_exports_merged_weights(tmp_path, monkeypatch):
                         env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=600)
   assert done.returncode == 0, done.stderr
   check = json.loads((tmp_path / "hf" / "deploy_check.json").read_text())
-  assert check["tokens"] > 0 and check["shift/deploy_logprob_diff_max"] <= 1e-5
+  assert check["shift/deploy_tokens"] > 0 and check["shift/deploy_logprob_diff_max"] <= 1e-5

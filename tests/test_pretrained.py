@@ -128,3 +128,20 @@ def test_init_from_is_refused_with_jitted_families_and_a_missing_directory(check
   cfg = _cfg(str(tmp_path / "empty"))
   with pytest.raises(config_lib.ConfigError, match="no config.json|tokenizer"):
     config_lib.validate(cfg)
+
+
+def test_lora_on_a_checkpoint_trains_adapters_and_exports_them_merged(checkpoint_dir, tmp_path):
+  cfg = _cfg(checkpoint_dir)
+  cfg.stages = ("sft",)  # every step moves the adapters (an untrained policy's RL groups may not)
+  cfg.model.update(lora_rank=4, lora_targets=("wq", "wv", "w_up"))
+  summary = loop.train(cfg, str(tmp_path / "run"))
+  # The deployment check scores the merged export against the adapted policy.
+  assert summary["shift/deploy_logprob_diff_max"] <= 1e-5
+  run = run_lib.build(cfg)
+  start = hf.load_hf_params(checkpoint_dir, run.model_config)
+  params = export_cli._load(str(tmp_path / "run"))[2]  # pylint: disable=protected-access
+  for name, value in start["layers"].items():
+    np.testing.assert_array_equal(np.asarray(params["layers"][name]), value)  # frozen
+  assert any(np.abs(np.asarray(params["layers"][f"lora_{w}_b"])).max() > 0
+             for w in ("wq", "wv", "w_up"))
+  assert "lora_wk_a" not in params["layers"]
