@@ -6,6 +6,8 @@ transformers (the deployment check)."""
 import json
 import os
 import re
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -14,6 +16,7 @@ import pytest
 from agentic_rl.model import hf
 from agentic_rl.train import checkpoint, loop
 from agentic_rl.train import config as config_lib
+from agentic_rl.train import metrics as metrics_lib
 from agentic_rl.train import run as run_lib
 from experiments import export as export_cli
 from experiments import tiny_checkpoint
@@ -145,3 +148,27 @@ def test_lora_on_a_checkpoint_trains_adapters_and_exports_them_merged(checkpoint
   assert any(np.abs(np.asarray(params["layers"][f"lora_{w}_b"])).max() > 0
              for w in ("wq", "wv", "w_up"))
   assert "lora_wk_a" not in params["layers"]
+
+
+def test_a_checkpoint_trains_on_two_devices_as_on_one(checkpoint_dir, tmp_path):
+  """The checkpoint's weights placed FSDP-sharded over 2 simulated devices
+  give the one-device run's SFT losses."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  code = ("import sys, json; import test_pretrained as t; from agentic_rl.train import loop; "
+          "cfg = t._cfg(sys.argv[1]); cfg.stages = ('sft',); cfg.sft.steps = 2; "
+          "cfg.export.deploy_check = 'off'; cfg.mesh.update(data=1, fsdp=2); "
+          "import jax; assert jax.device_count() == 2; loop.train(cfg, sys.argv[2])")
+  two = str(tmp_path / "two")
+  done = subprocess.run(
+      [sys.executable, "-c", code, checkpoint_dir, two], cwd=root, capture_output=True,
+      text=True, timeout=900, env=dict(
+          os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2",
+          PYTHONPATH=os.pathsep.join([root, os.path.dirname(os.path.abspath(__file__))])))
+  assert done.returncode == 0, done.stderr[-3000:]
+  cfg = _cfg(checkpoint_dir)
+  cfg.stages, cfg.sft.steps, cfg.export.deploy_check = ("sft",), 2, "off"
+  one = str(tmp_path / "one")
+  loop.train(cfg, one)
+  got, want = (metrics_lib.read_metrics(os.path.join(d, "metrics.jsonl")) for d in (two, one))
+  np.testing.assert_allclose([r["sft/nll"] for r in got], [r["sft/nll"] for r in want],
+                             rtol=1e-5)
