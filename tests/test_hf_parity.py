@@ -22,6 +22,11 @@ GEMMA3_ROPE = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_th
                "sliding_attention": {"rope_type": "default", "rope_theta": 70.0}}
 
 
+LLAMA31_ROPE = {"rope_type": "llama3", "rope_theta": 5000.0, "factor": 8.0,
+                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64}
+
+
 @pytest.fixture(autouse=True)
 def _full_precision():
   with jax.default_matmul_precision("float32"):
@@ -41,6 +46,8 @@ def _tiny_hf_model(arch: str, tie: bool, **extra):
                 eos_token_id=None)  # generate would suppress it under min_new_tokens.
   if arch.startswith("gemma"):
     kwargs["hidden_activation"] = "gelu_pytorch_tanh"
+  if arch == "llama31":  # Llama 3.1's RoPE: all three frequency bands at head_dim 16.
+    kwargs["rope_parameters"] = LLAMA31_ROPE
   if arch == "gemma2":  # Layers: local, global.
     kwargs.update(GEMMA23, attn_logit_softcapping=5.0)
   if arch == "gemma3":  # Layers: local, local, global.
@@ -49,6 +56,7 @@ def _tiny_hf_model(arch: str, tie: bool, **extra):
   kwargs.update(extra)
   model_cls, config_cls = {
       "llama": (transformers.LlamaForCausalLM, transformers.LlamaConfig),
+      "llama31": (transformers.LlamaForCausalLM, transformers.LlamaConfig),
       "qwen2": (transformers.Qwen2ForCausalLM, transformers.Qwen2Config),
       "qwen3": (transformers.Qwen3ForCausalLM, transformers.Qwen3Config),
       "gemma": (transformers.GemmaForCausalLM, transformers.GemmaConfig),
@@ -70,7 +78,7 @@ def _tokens(seed=0):
   return np.random.default_rng(seed).integers(0, VOCAB, (2, SEQ))
 
 
-ARCHS = ["llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3"]
+ARCHS = ["llama", "llama31", "qwen2", "qwen3", "gemma", "gemma2", "gemma3"]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -336,6 +344,23 @@ _LLAMA_JSON = dict(architectures=["LlamaForCausalLM"], model_type="llama",
                    num_hidden_layers=1, num_attention_heads=2)
 
 
+def test_llama31_rope_is_read_both_ways_and_matters(tmp_path):
+  _, net = _tiny_hf_model("llama31", tie=False)
+  net.save_pretrained(tmp_path, safe_serialization=True)
+  config, params = hf.load_hf_checkpoint(str(tmp_path))
+  assert config.rope_llama3 == (8.0, 1.0, 4.0, 64)
+  old_style = {**_LLAMA_JSON, "rope_theta": 5e5, "rope_scaling": {
+      "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 8192}}  # Llama 3.2's config.json
+  assert hf.config_from_hf(old_style).rope_llama3 == (32.0, 1.0, 4.0, 8192)
+  tokens = _tokens()
+  plain = dataclasses.replace(config, rope_llama3=None)
+  assert np.abs(model.forward(params, tokens, config)
+                - model.forward(params, tokens, plain)).max() > 1e-3
+  with pytest.raises(ValueError, match="two RoPE scalings"):
+    dataclasses.replace(config, rope_scaling_factor=2.0).validate()
+
+
 def test_config_from_hf_defaults_and_old_style_rope():
   config = hf.config_from_hf({**_LLAMA_JSON, "rope_theta": 123.0,
                               "rope_scaling": None})
@@ -347,8 +372,8 @@ def test_config_from_hf_defaults_and_old_style_rope():
 @pytest.mark.parametrize("bad, match", [
     (dict(architectures=["GPT2LMHeadModel"], model_type="gpt2"),
      "LlamaForCausalLM.*Qwen2ForCausalLM.*Qwen3ForCausalLM.*GemmaForCausalLM"),
-    (dict(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5}),
-     "llama3"),
+    (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0}),
+     "yarn"),
     (dict(rope_scaling={"type": "linear", "factor": 2.0}), "linear"),
     (dict(attention_bias=True), "attention_bias"),
     (dict(hidden_act="relu"), "relu"),

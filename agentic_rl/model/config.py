@@ -80,6 +80,13 @@ class TransformerConfig:
       ``rope_theta`` RoPE: angles ``pos / factor / theta ** (2i / Dh)``;
       1.0 is plain RoPE. With ``local_rope_theta`` the sliding-window layers
       are unscaled (Gemma 3 4B+: ``factor = 8`` on the global layers).
+    rope_llama3: Llama 3.1's frequency-dependent RoPE scaling, ``(factor,
+      low_freq_factor, high_freq_factor, original_max_position_embeddings)``,
+      or None. With ``L = original_max_position_embeddings`` and a
+      frequency's wavelength ``w = 2 pi / f``: ``f`` is kept where
+      ``w < L / high_freq_factor``, divided by ``factor`` where
+      ``w > L / low_freq_factor``, and in between interpolated,
+      ``(1 - s) f / factor + s f`` with ``s = (L / w - low) / (high - low)``.
     query_pre_attn_scalar: attention logits are ``q . k / sqrt(s)`` with
       this ``s`` (Gemma 2/3), or None for ``s = head_dim``. Applied by
       scaling q by ``sqrt(head_dim / s)`` before attention (every backend
@@ -145,6 +152,7 @@ class TransformerConfig:
   rope_theta: float = 10_000.0
   local_rope_theta: float | None = None
   rope_scaling_factor: float = 1.0
+  rope_llama3: tuple[float, float, float, int] | None = None
   query_pre_attn_scalar: float | None = None
   qkv_bias: bool = False
   qk_norm: bool = False
@@ -170,6 +178,8 @@ class TransformerConfig:
     # Lists are unhashable (and jit needs a hashable static config).
     if isinstance(self.sliding_windows, list):
       object.__setattr__(self, "sliding_windows", tuple(self.sliding_windows))
+    if isinstance(self.rope_llama3, list):
+      object.__setattr__(self, "rope_llama3", tuple(self.rope_llama3))
     if isinstance(self.lora_targets, list):
       object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
 
@@ -286,6 +296,15 @@ class TransformerConfig:
     if isinstance(self.rope_scaling_factor, bool) or not self.rope_scaling_factor > 0:
       raise ValueError(
           f"rope_scaling_factor must be > 0, got {self.rope_scaling_factor!r}")
+    if self.rope_llama3 is not None:
+      if len(self.rope_llama3) != 4 or not all(v > 0 for v in self.rope_llama3) or not (
+          self.rope_llama3[2] > self.rope_llama3[1]):
+        raise ValueError("rope_llama3 must be (factor, low_freq_factor, high_freq_factor, "
+                         "original_max_position_embeddings), all > 0 and high > low, got "
+                         f"{self.rope_llama3!r}")
+      if self.rope_scaling_factor != 1.0:
+        raise ValueError("rope_llama3 and rope_scaling_factor are two RoPE scalings: "
+                         "set one")
     if self.scan_unroll is not None and (
         not isinstance(self.scan_unroll, (int, np.integer))
         or isinstance(self.scan_unroll, bool) or self.scan_unroll < 1):

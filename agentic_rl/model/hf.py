@@ -165,13 +165,17 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> TransformerConfig:
   if arch == "Gemma3ForCausalLM":
     rope = _gemma3_rope(hf)
   else:
-    for params in (rope_params, hf.get("rope_scaling") or {}):
-      rope_type = _rope_type(params)
-      if rope_type != "default":
-        raise ValueError(f"RoPE scaling {rope_type!r} is not supported "
-                         "(only the default RoPE; linear on Gemma 3)")
     rope = dict(rope_theta=float(rope_params.get(
         "rope_theta", hf.get("rope_theta", defaults.get("rope_theta", 10_000.0)))))
+    for params in (rope_params, hf.get("rope_scaling") or {}):
+      rope_type = _rope_type(params)
+      if rope_type == "llama3" and arch == "LlamaForCausalLM":
+        rope["rope_llama3"] = (float(params["factor"]), float(params["low_freq_factor"]),
+                               float(params["high_freq_factor"]),
+                               int(params["original_max_position_embeddings"]))
+      elif rope_type != "default":
+        raise ValueError(f"RoPE scaling {rope_type!r} is not supported "
+                         "(only the default RoPE; llama3 on Llama, linear on Gemma 3)")
   act = hf.get("hidden_activation") or hf.get("hidden_act", "silu")
   if act not in _ACTIVATIONS:
     raise ValueError(f"hidden_act {act!r} is not supported; "
@@ -269,6 +273,8 @@ def architecture_of(config: TransformerConfig) -> str:
                                       or config.rope_scaling_factor != 1.0):
     raise ValueError("a local RoPE base and linear RoPE scaling are exported as "
                      f"Gemma 3 only (not {arch})")
+  if config.rope_llama3 is not None and arch != "LlamaForCausalLM":
+    raise ValueError(f"Llama 3.1's RoPE scaling is exported as Llama only (not {arch})")
   if config.sliding_windows is not None and arch not in (
       "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"):
     raise ValueError(f"{arch} has no sliding windows")
@@ -287,6 +293,11 @@ def config_to_hf(config: TransformerConfig) -> dict[str, Any]:
       rms_norm_eps=config.norm_eps, tie_word_embeddings=config.tie_embeddings,
       rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
       rope_theta=config.rope_theta, attention_bias=False, torch_dtype="float32")
+  if config.rope_llama3 is not None:
+    factor, low, high, context = config.rope_llama3
+    hf["rope_parameters"] = hf["rope_scaling"] = dict(
+        rope_type="llama3", rope_theta=config.rope_theta, factor=factor, low_freq_factor=low,
+        high_freq_factor=high, original_max_position_embeddings=context)
   act = {v: k for k, v in _ACTIVATIONS.items()}[config.mlp_activation]
   hf["hidden_activation" if arch in _GEMMAS else "hidden_act"] = act
   windows = [w for w in config.sliding_windows or () if w is not None]

@@ -203,10 +203,13 @@ Rope = tuple[jax.Array, jax.Array]  # (cos, sin), each [B, T, 1, Dh / 2]
 
 
 def rope_tables(positions_BxT: jax.Array, head_dim: int, theta: float, *,
-                table_len: int | None = None, factor: float = 1.0) -> Rope:
+                table_len: int | None = None, factor: float = 1.0,
+                llama3: tuple[float, float, float, int] | None = None) -> Rope:
   """fp32 ``(cos a, sin a)`` ``[B, T, 1, Dh/2]`` with
   ``a_i = pos / factor / theta ** (2i / Dh)`` (``factor``: linear RoPE
-  scaling); computed once per forward and shared by every layer's q and k.
+  scaling; ``llama3``: the frequencies rescaled as
+  ``TransformerConfig.rope_llama3`` says); computed once per forward and
+  shared by every layer's q and k.
 
   With ``table_len`` (positions in ``[0, table_len)``; others are clipped),
   the tables are computed for all ``table_len`` positions and gathered by
@@ -217,16 +220,29 @@ def rope_tables(positions_BxT: jax.Array, head_dim: int, theta: float, *,
   """
   if table_len is not None:
     cos_S, sin_S = rope_tables(jnp.arange(table_len)[None], head_dim, theta,
-                               factor=factor)
+                               factor=factor, llama3=llama3)
     at = jnp.clip(positions_BxT, 0, table_len - 1)
     return cos_S[0][at], sin_S[0][at]
   inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32)
                               / head_dim))
   if factor != 1.0:
     inv_freq = inv_freq / factor
+  if llama3 is not None:
+    inv_freq = _llama3_frequencies(inv_freq, *llama3)
   angles_BxTxHalf = positions_BxT[..., None].astype(jnp.float32) * inv_freq
   return (jnp.cos(angles_BxTxHalf)[:, :, None, :],
           jnp.sin(angles_BxTxHalf)[:, :, None, :])
+
+
+def _llama3_frequencies(inv_freq: jax.Array, factor: float, low: float, high: float,
+                        context: int) -> jax.Array:
+  """Llama 3.1's RoPE frequencies (``TransformerConfig.rope_llama3``): long
+  wavelengths slowed by ``factor``, short ones kept, smoothly in between."""
+  wavelen = 2 * math.pi / inv_freq
+  smooth = (context / wavelen - low) / (high - low)
+  between = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+  return jnp.where(wavelen < context / high, inv_freq,
+                   jnp.where(wavelen > context / low, inv_freq / factor, between))
 
 
 Ropes = tuple[Rope, Rope | None]  # (global, local: None without local_rope_theta)
@@ -240,7 +256,7 @@ def model_ropes(positions_BxT: jax.Array, config: TransformerConfig, *,
   (``local_rope_theta``, unscaled)."""
   tables = functools.partial(rope_tables, positions_BxT, config.head_dim,
                              table_len=table_len)
-  glob = tables(config.rope_theta, factor=config.rope_scaling_factor)
+  glob = tables(config.rope_theta, factor=config.rope_scaling_factor, llama3=config.rope_llama3)
   local = tables(config.local_rope_theta) if config.has_local_rope else None
   return glob, local
 
