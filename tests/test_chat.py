@@ -16,7 +16,8 @@ from agentic_rl.text.hf_tokenizer import HFTokenizer  # noqa: E402
 from agentic_rl.text.tools import ToolCall, ToolCallError  # noqa: E402
 from experiments import tiny_checkpoint  # noqa: E402
 
-FAMILIES = tiny_checkpoint.FAMILIES
+# The tokenizer families (gemma2 and gemma3 have gemma's tokenizer and template).
+FAMILIES = ("qwen2", "qwen3", "llama", "gemma")
 TOOLS = [{"name": "calc", "description": "Evaluates an arithmetic expression.",
           "parameters": {"type": "object", "properties": {"expr": {"type": "string"}},
                          "required": ["expr"]}},
