@@ -24,8 +24,12 @@ def test_a_run_exports_and_transformers_reproduces_its_logits(tmp_path):
   cfg = default.get_config("tiny")
   cfg.stages = ("sft",)
   cfg.sft.steps = 2
+  cfg.export.deploy_check = "on"
   workdir, out = str(tmp_path / "run"), str(tmp_path / "hf")
-  loop.train(cfg, workdir)
+  summary = loop.train(cfg, workdir)
+  # The run ends with the deployment check (the tiny config's default is off).
+  assert summary["shift/deploy_tokens"] > 0
+  assert summary["shift/deploy_logprob_diff_max"] <= 1e-5
   done = subprocess.run([sys.executable, "-m", "experiments.export", f"--workdir={workdir}",
                          f"--out={out}", "--check", "--check_prompts=4"], cwd=_ROOT,
                         capture_output=True, text=True,
@@ -52,19 +56,6 @@ def test_export_refuses_a_directory_that_is_not_a_run(tmp_path):
                          f"--out={tmp_path / 'hf'}"], cwd=_ROOT, capture_output=True,
                         text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=600)
   assert done.returncode != 0 and "no config.json" in done.stderr
-
-
-def test_a_run_ends_with_the_deployment_check_when_asked(tmp_path):
-  pytest.importorskip("transformers")
-  cfg = default.get_config("tiny")
-  cfg.stages = ("sft",)
-  cfg.sft.steps = 1
-  cfg.export.deploy_check = "on"
-  summary = loop.train(cfg, str(tmp_path / "on"))
-  assert summary["shift/deploy_tokens"] > 0
-  assert summary["shift/deploy_logprob_diff_max"] <= 1e-5
-  cfg.export.deploy_check = "off"
-  assert "shift/deploy_tokens" not in loop.train(cfg, str(tmp_path / "off"))
 
 
 def test_deploy_check_modes_are_validated(monkeypatch):

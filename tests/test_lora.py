@@ -2,10 +2,6 @@
 learner step, and LoRA runs through ``loop.train`` (checkpoint, resume,
 export)."""
 
-import json
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +19,6 @@ from agentic_rl.train import run as run_lib
 from experiments import export
 from experiments.configs import default
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = model_lib.TransformerConfig.tiny(lora_rank=4, lora_alpha=8.0)
 
 
@@ -289,10 +284,5 @@ def test_a_lora_run_exports_merged_weights(tmp_path, monkeypatch):
     hf.save_hf_checkpoint(str(tmp_path / "unmerged"), run_config, trained)
   pytest.importorskip("transformers")
   pytest.importorskip("torch")
-  done = subprocess.run([sys.executable, "-m", "experiments.export", f"--workdir={workdir}",
-                         f"--out={out}", "--check", "--check_prompts=4"], cwd=_ROOT,
-                        capture_output=True, text=True,
-                        env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=600)
-  assert done.returncode == 0, done.stderr
-  check = json.loads((tmp_path / "hf" / "deploy_check.json").read_text())
+  check = export.deploy_check(str(workdir), out, num_prompts=4)
   assert check["shift/deploy_tokens"] > 0 and check["shift/deploy_logprob_diff_max"] <= 1e-5

@@ -72,6 +72,7 @@ def test_sft_then_rl_end_to_end(straight):
   cfg = _cfg()
   total = cfg.sft.steps + cfg.rl.iterations
   assert summary["steps"] == total
+  assert "shift/deploy_tokens" not in summary  # the tiny config's deployment check is off
   for key in ("sft_success", "rl_success", "wall_s"):
     assert key in summary
   assert json.load(open(os.path.join(workdir, "summary.json")))["steps"] == total

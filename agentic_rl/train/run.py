@@ -31,7 +31,6 @@ from agentic_rl.rollout.engine import RolloutEngine
 from agentic_rl.rollout.host import HostLoop
 from agentic_rl.rollout.sampling import SamplingConfig
 from agentic_rl.rollout.types import EPISODE_STATUS, Rollout, select_rows
-from agentic_rl.text import codec as codec_lib
 from agentic_rl.text import load_codec
 from agentic_rl.train import config as config_lib
 from agentic_rl.train import sharding
