@@ -400,3 +400,65 @@ def test_unexpected_tensor_raises(tmp_path):
   save_file(tensors, path)
   with pytest.raises(ValueError, match="o_proj.bias"):
     hf.load_hf_checkpoint(str(tmp_path))
+
+
+# config.json of published checkpoints, every entry as shipped but the sizes.
+_PUBLISHED = {
+    "Qwen2.5-0.5B-Instruct": dict(
+        architectures=["Qwen2ForCausalLM"], model_type="qwen2", attention_dropout=0.0,
+        bos_token_id=151643, eos_token_id=151645, hidden_act="silu", hidden_size=896,
+        intermediate_size=4864, max_position_embeddings=32768, max_window_layers=21,
+        num_attention_heads=14, num_hidden_layers=24, num_key_value_heads=2,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, sliding_window=32768,
+        tie_word_embeddings=True, torch_dtype="bfloat16", use_cache=True,
+        use_sliding_window=False, vocab_size=151936),
+    "Qwen3-0.6B": dict(
+        architectures=["Qwen3ForCausalLM"], model_type="qwen3", attention_bias=False,
+        attention_dropout=0.0, bos_token_id=151643, eos_token_id=151645, head_dim=128,
+        hidden_act="silu", hidden_size=1024, intermediate_size=3072,
+        max_position_embeddings=40960, max_window_layers=28, num_attention_heads=16,
+        num_hidden_layers=28, num_key_value_heads=8, rms_norm_eps=1e-6, rope_scaling=None,
+        rope_theta=1000000, sliding_window=None, tie_word_embeddings=True,
+        torch_dtype="bfloat16", use_cache=True, use_sliding_window=False, vocab_size=151936),
+    "Llama-3.2-1B-Instruct": dict(
+        architectures=["LlamaForCausalLM"], model_type="llama", attention_bias=False,
+        attention_dropout=0.0, bos_token_id=128000, eos_token_id=[128001, 128008, 128009],
+        head_dim=64, hidden_act="silu", hidden_size=2048, intermediate_size=8192,
+        max_position_embeddings=131072, mlp_bias=False, num_attention_heads=32,
+        num_hidden_layers=16, num_key_value_heads=8, pretraining_tp=1, rms_norm_eps=1e-5,
+        rope_scaling={"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                      "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        rope_theta=500000.0, tie_word_embeddings=True, torch_dtype="bfloat16",
+        use_cache=True, vocab_size=128256),
+    "gemma-2-2b-it": _GEMMA2_JSON,
+    "gemma-3-1b-it": _GEMMA3_JSON,
+}
+
+
+@pytest.mark.parametrize("name", sorted(_PUBLISHED))
+def test_published_configs_scaled_down_match_transformers(name, tmp_path):
+  """Each published config.json, with its sizes shrunk (and, for Llama 3.2,
+  its RoPE context, so every frequency band is hit): transformers builds
+  the model from it, and ours loads it with the same logits."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  small = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=6,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+               query_pre_attn_scalar=16, sliding_window=4, max_window_layers=3)
+  hf_json = {**_PUBLISHED[name], **{k: v for k, v in small.items()
+                                     if k in _PUBLISHED[name] and v is not None}}
+  if name.startswith("Llama"):
+    hf_json["rope_scaling"] = {**hf_json["rope_scaling"], "original_max_position_embeddings": 64}
+  hf_json.pop("bos_token_id", None), hf_json.pop("eos_token_id", None)
+  theirs_config = transformers.AutoConfig.for_model(
+      **{k: v for k, v in hf_json.items() if k != "architectures"})
+  torch.manual_seed(0)
+  net = transformers.AutoModelForCausalLM.from_config(theirs_config, dtype=torch.float32)
+  with torch.no_grad():
+    for p in net.parameters():
+      p.add_(0.1 * torch.randn_like(p))
+  net.eval().save_pretrained(tmp_path, safe_serialization=True)
+  config, params = hf.load_hf_checkpoint(str(tmp_path))
+  tokens = np.random.default_rng(0).integers(0, VOCAB, (2, 12))
+  np.testing.assert_allclose(np.asarray(model.forward(params, tokens, config)),
+                             _torch_logits(torch, net, tokens), atol=1e-4, rtol=0)
