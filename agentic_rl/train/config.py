@@ -93,6 +93,11 @@ def check_logprob_impl(cfg) -> str:
     raise ConfigError(f"config.model.{e}") from None
 
 
+def toggle_config(stage) -> objectives.toggle.ToggleConfig:
+  """An RL stage's Toggle settings (``config.<stage>.toggle``), validated."""
+  return objectives.toggle.ToggleConfig(**stage.get("toggle", {})).validate()
+
+
 def sampling_config(cfg, **overrides) -> SamplingConfig:
   s = cfg.sampling
   return SamplingConfig(max_turns=s.max_turns,
@@ -176,6 +181,12 @@ def _validate_rl_stage(name: str, stage, model_cfg, levels, host: bool) -> None:
   """The checks of one RL stage section; raises ValueError naming the fix."""
   for key in ("iterations", "updates_per_batch", "prompts_per_step", "group_size"):
     _check_positive(f"config.{name}.{key}", stage[key])
+  try:
+    toggle_config(stage)
+  except TypeError as e:
+    _err(f"config.{name}.toggle: {e}")
+  except ValueError as e:
+    _err(f"config.{name}.{e}")
   optimizer = stage.get("optimizer", "adamw")
   if optimizer not in OPTIMIZERS:
     _err(f"config.{name}.optimizer is {optimizer!r}; expected one of {OPTIMIZERS}")

@@ -144,7 +144,8 @@ class _Driver:
             "actors": [a[0] for a in actors], "actor_versions": [a[1] for a in actors],
             "history": dataclasses.asdict(controls.history),
             "entropy_coef": np.float32(controls.entropy_coef),
-            "staleness": np.array(dataclasses.astuple(controls.staleness), np.int64), "rng": rng}
+            "staleness": np.array(dataclasses.astuple(controls.staleness), np.int64),
+            "budget": controls.budget, "rng": rng}
     self.ckpt.save(self.progress.global_step, tree,
                    {"progress": dataclasses.asdict(self.progress), "summary": self.summary})
 
@@ -217,7 +218,8 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
     d = _Driver(cfg, workdir, stop_after, interrupts, run.model_config)
     progress, restored = d.progress, d.restored
     root_key = jax.random.key(cfg.seed)
-    controls = rl.Controls(signal.init_history(cfg.tasks.train_size), 0.0)
+    controls = rl.Controls(signal.init_history(cfg.tasks.train_size), 0.0,
+                           budget=objectives.toggle.init_budgets(cfg.tasks.train_size))
     if restored is None:
       params = _initial_params(run, _params_key(cfg))
     else:
@@ -229,7 +231,8 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
             jax.tree.map(jnp.copy, params), restored["ref_params"]))
       controls = rl.Controls(signal.PromptHistory(**restored["history"]),
                              float(restored["entropy_coef"]),
-                             shift.StalenessBound(*map(int, restored["staleness"])))
+                             shift.StalenessBound(*map(int, restored["staleness"])),
+                             np.asarray(restored["budget"], np.float32))
     while progress.stage_index < len(d.stages):
       stage, name = d.stages[progress.stage_index], cfg.stages[progress.stage_index]
       n_steps = _stage_steps(stage)

@@ -41,7 +41,7 @@ import numpy as np
 
 from agentic_rl import objectives
 from agentic_rl.invariants import exploration, shift, signal
-from agentic_rl.objectives import GroupLayout
+from agentic_rl.objectives import GroupLayout, toggle
 from agentic_rl.rollout.sampling import SamplingConfig
 from agentic_rl.rollout.types import EPISODE_STATUS, FAILED_STATUS, Rollout
 from agentic_rl.train import checkpoint as checkpoint_lib
@@ -55,11 +55,14 @@ from agentic_rl.train.run import Run
 class Controls:
   """Host-side state of the invariant controllers, checkpointed with the run:
   each prompt's success history (signal), the entropy-bonus coefficient
-  (exploration) and the actor's staleness bound (shift)."""
+  (exploration), the actor's staleness bound (shift) and Toggle's length
+  budgets."""
 
   history: signal.PromptHistory
   entropy_coef: float
   staleness: shift.StalenessBound = shift.StalenessBound(0)
+  # Toggle's per-prompt length budget (objectives.toggle), -1 for none yet.
+  budget: np.ndarray | None = None
 
 
 class PromptSource:
@@ -121,6 +124,7 @@ class RLStage:
   # Episodes the asynchronous actor keeps in flight on host environments
   # (agentic_rl.train.stream); 0: one batch.
   actor_rows: int = 0
+  toggle_cfg: toggle.ToggleConfig = toggle.ToggleConfig()
 
   @property
   def rows(self) -> int:
@@ -164,7 +168,7 @@ def make_rl_stage(run: Run, stage, optimizer, params, *, reset_each_iteration: b
   return RLStage(stage.prompts_per_step, stage.group_size, stage.updates_per_batch, sampling,
                  objective, needs, signal_cfg, config_lib.shift_config(stage), explore_cfg,
                  step_fn, state_sharding, score_fn, reset_fn, greedy,
-                 stage.get("actor_rows", 0))
+                 stage.get("actor_rows", 0), config_lib.toggle_config(stage))
 
 
 def reference_policy(stage, params):
@@ -199,6 +203,7 @@ class Collected:
     data_pos: the prompt source's position after this batch's prompts.
     data_skip: positions beyond ``data_pos`` already consumed (an
       asynchronous actor's batches may take groups out of data order).
+    step: the iteration the rollouts were collected for.
   """
 
   batch: Rollout
@@ -209,6 +214,12 @@ class Collected:
   tau: float = 1.0
   data_pos: int = 0
   data_skip: tuple[int, ...] = ()
+  step: int = 0
+
+  @property
+  def prompt_B(self) -> np.ndarray:
+    """int ``[B]``: the training prompt of each row of ``batch``."""
+    return np.asarray(self.sampled.prompt_ids)[self.layout.group_B]
 
 
 def collect(run: Run, rl: RLStage, actor, prompts: PromptSource,
@@ -247,7 +258,7 @@ def collect(run: Run, rl: RLStage, actor, prompts: PromptSource,
                          jax.random.fold_in(key, 1), version, rl.rows)
   return Collected(sampled.rollouts, GroupLayout.of(sampled.group, sampled.num_groups),
                    sampled, greedy, time.perf_counter() - t0, tau, prompts.position,
-                   tuple(sorted(prompts.skip)))
+                   tuple(sorted(prompts.skip)), step)
 
 
 # ------------------------------------------------------------------ 2. shape rewards
@@ -264,6 +275,7 @@ class Shaped:
   seq_weight_B: np.ndarray
   per_group: dict[str, np.ndarray]
   valid_B: np.ndarray
+  over_budget_B: np.ndarray | None = None  # Toggle's penalised rollouts
 
 
 def _shape(rl: RLStage, ro: Rollout) -> tuple[np.ndarray, np.ndarray]:
@@ -272,8 +284,24 @@ def _shape(rl: RLStage, ro: Rollout) -> tuple[np.ndarray, np.ndarray]:
   return np.asarray(rewards, np.float32), np.asarray(weight)
 
 
-def shape_rewards(rl: RLStage, collected: Collected) -> Shaped:
+def policy_tokens(ro: Rollout) -> np.ndarray:
+  """int ``[B]``: the tokens each rollout's policy wrote, ``|y|``."""
+  return (np.asarray(ro.loss_mask_BxT) > 0).sum(axis=1)
+
+
+def shape_rewards(rl: RLStage, collected: Collected, budget_N: np.ndarray | None = None
+                  ) -> Shaped:
+  """The rewards the advantages see: over-long episodes shaped
+  (``signal.shape_truncated``) and, with Toggle, over-budget ones penalised
+  in its budget phases (``budget_N``, :mod:`agentic_rl.objectives.toggle`)."""
   rewards_B, seq_weight_B = _shape(rl, collected.batch)
+  over_B = None
+  if rl.toggle_cfg.enabled:
+    batch, layout = collected.batch, collected.layout
+    rewards_B, over_B = toggle.budget_rewards(
+        rl.toggle_cfg, rewards_B, policy_tokens(batch),
+        np.asarray(batch.reward_components["outcome"]) > 0.5, layout.group_B,
+        layout.num_groups, budget_N[collected.prompt_B], collected.step)
   per_group = {}
   if "greedy_rewards_P" in rl.needs:  # ReMax: shaped like the sampled rewards
     per_group["greedy_rewards_P"] = _shape(rl, collected.greedy)[0]
@@ -294,7 +322,7 @@ def shape_rewards(rl: RLStage, collected: Collected) -> Shaped:
   valid_B = ~np.isin(np.asarray(collected.batch.status_B), FAILED_STATUS)
   group_B = collected.layout.group_B
   valid_B &= np.bincount(group_B[valid_B], minlength=collected.layout.num_groups)[group_B] >= 2
-  return Shaped(rewards_B, seq_weight_B, per_group, valid_B)
+  return Shaped(rewards_B, seq_weight_B, per_group, valid_B, over_B)
 
 
 # ------------------------------------------------------------------ 3. advantages
@@ -394,6 +422,11 @@ def invariant_metrics(run: Run, rl: RLStage, collected: Collected, shaped: Shape
   if "greedy_rewards_P" in shaped.per_group:
     metrics["reward/greedy_baseline"] = float(shaped.per_group["greedy_rewards_P"].mean())
   metrics.update({f"reward/{k}": float(np.mean(v)) for k, v in batch.reward_components.items()})
+  metrics["reward/tokens_per_success"] = toggle.tokens_per_success(policy_tokens(batch), success)
+  if shaped.over_budget_B is not None:
+    metrics["reward/toggle_budget_phase"] = float(
+        toggle.budget_phase(rl.toggle_cfg, collected.step))
+    metrics["reward/toggle_over_budget_frac"] = float(shaped.over_budget_B.mean())
   if layout.size:  # the [P, G] layout, which also gets edit distances
     hashes = batch.call_hashes_BxC.reshape(layout.num_groups, layout.size, -1)
     ragged = {}
@@ -455,7 +488,13 @@ def next_controls(rl: RLStage, controls: Controls, collected: Collected,
       metrics["explore/entropy"]).coef
   staleness = shift.update_staleness_bound(rl.shift_cfg, controls.staleness,
                                            metrics["shift/kl_behaviour_learner"])
-  return Controls(history, float(coef), staleness)
+  budget = controls.budget
+  if rl.toggle_cfg.enabled:
+    batch = collected.batch
+    budget = toggle.update_budgets(rl.toggle_cfg, budget, collected.prompt_B,
+                                   policy_tokens(batch),
+                                   np.asarray(batch.reward_components["outcome"]) > 0.5)
+  return Controls(history, float(coef), staleness, budget)
 
 
 # ------------------------------------------------------------------ the iteration
@@ -465,7 +504,7 @@ def rl_iteration(run: Run, rl: RLStage, state: learner.TrainState, collected: Co
   called by the actor: :mod:`agentic_rl.train.actor`); returns ``(state,
   controls, metrics)``."""
   tau = collected.tau
-  shaped = shape_rewards(rl, collected)
+  shaped = shape_rewards(rl, collected, controls.budget)
   advantages = compute_advantages(rl, collected, shaped)
   version = int(state.step)
   learn_batch, shift_stats = score_and_weight(run, rl, state, collected, shaped, advantages,

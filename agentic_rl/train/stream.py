@@ -188,7 +188,7 @@ class HostStream:
     collected = rl_lib.Collected(
         batch, GroupLayout.of(sampled.group, sampled.num_groups), sampled, None,
         now - self.t_last, float(exploration.temperature_at(self.rl.explore_cfg, self.step)),
-        data_pos, tuple(sorted(self.consumed_ahead)))
+        data_pos, tuple(sorted(self.consumed_ahead)), self.step)
     self.t_last = now
     self.step += 1
     return collected

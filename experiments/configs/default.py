@@ -98,6 +98,13 @@ def _rl_stage() -> ml_collections.ConfigDict:
       # rows hide slow environments.
       actor="sync",
       actor_rows=0,
+      # Toggle (Kimi K2.5, agentic_rl.objectives.toggle): every other block of
+      # phase_iterations iterations (0: off) penalises by `penalty` a rollout
+      # longer than its prompt's budget (the percentile of the policy's first
+      # successful lengths) when the prompt's group succeeds above
+      # accuracy_threshold.
+      toggle=ml_collections.ConfigDict(dict(
+          phase_iterations=0, accuracy_threshold=0.5, percentile=50.0, penalty=0.5)),
       max_staleness=0,
       # Invariant controllers (agentic_rl.invariants): signal.allocation is
       # uniform, dynamic (DAPO), ada (Reinforce-Ada) or knapsack; see
