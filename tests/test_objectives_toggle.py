@@ -23,15 +23,16 @@ def test_budget_phases_alternate_every_m_iterations():
 
 
 def test_the_penalty_hits_over_budget_rollouts_of_solved_prompts_in_budget_phases():
-  # Groups: 0 solved (2/3 > 0.5), 1 unsolved (1/3), 2 solved but no budget yet.
+  # Groups: 0 solved (2/3 > 0.5), 1 unsolved (1/3), 2 solved with no budget
+  # yet: the median of the batch's successful lengths, 21.
   success = np.array([1, 1, 0, 1, 0, 0, 1, 1, 1], bool)
-  lengths = np.array([5, 12, 20, 30, 5, 5, 50, 50, 50])
+  lengths = np.array([5, 12, 20, 30, 5, 5, 50, 50, 10])
   group = np.repeat([0, 1, 2], 3)
   budget = np.array([10, 10, 10, 10, 10, 10, -1, -1, -1], np.float32)
   rewards = success.astype(np.float32)
   got, over = toggle.budget_rewards(_CFG, rewards, lengths, success, group, 3, budget, step=1)
-  np.testing.assert_array_equal(over, [0, 1, 1, 0, 0, 0, 0, 0, 0])
-  np.testing.assert_allclose(got, [1, 0.5, -0.5, 1, 0, 0, 1, 1, 1])
+  np.testing.assert_array_equal(over, [0, 1, 1, 0, 0, 0, 1, 1, 0])
+  np.testing.assert_allclose(got, [1, 0.5, -0.5, 1, 0, 0, 0.5, 0.5, 1])
   same, none = toggle.budget_rewards(_CFG, rewards, lengths, success, group, 3, budget, step=2)
   np.testing.assert_array_equal(same, rewards)
   assert not none.any()

@@ -11,7 +11,9 @@ more policy tokens than the prompt's budget loses ``penalty``::
 The unconstrained phase lets lengths grow again, so the policy does not
 overfit to the budget. The budget ``B(x)`` is the ``percentile``-th
 percentile of the lengths of the policy's own successful rollouts of ``x``,
-set the first time ``x`` has one and then fixed. The paper leaves the form
+set the first time ``x`` has one and then fixed; a prompt seen for the
+first time (a pool that does not recur) takes the percentile of the batch's
+successful lengths, the policy's most recent ones. The paper leaves the form
 of the budget term and the values of ``lambda``, ``m`` and the percentile
 open; here it is a constant penalty.
 
@@ -83,13 +85,18 @@ def budget_rewards(config: ToggleConfig, rewards_B: np.ndarray, lengths_B: np.nd
     lengths_B: policy tokens of each rollout, ``|y|``.
     success_B: bool outcome of each rollout.
     group_B: int group (prompt) of each rollout, in ``[0, num_groups)``.
-    budget_B: float32 budget of each rollout's prompt, < 0 for none.
+    budget_B: float32 budget of each rollout's prompt, < 0 for none (then
+      the batch's percentile of successful lengths).
   """
   rewards_B = np.asarray(rewards_B, np.float32)
   if not budget_phase(config, step):
     return rewards_B, np.zeros(rewards_B.shape, bool)
-  solved_B = group_mean(np.asarray(success_B, np.float64), group_B,
+  success_B = np.asarray(success_B, bool)
+  solved_B = group_mean(success_B.astype(np.float64), group_B,
                         num_groups) > config.accuracy_threshold
+  if (budget_B < 0).any() and success_B.any():  # no budget of its own: the batch's
+    recent = np.percentile(lengths_B[success_B], config.percentile)
+    budget_B = np.where(budget_B >= 0, budget_B, recent)
   over_B = solved_B & (budget_B >= 0) & (lengths_B > budget_B)
   return rewards_B - config.penalty * over_B.astype(np.float32), over_B
 
