@@ -97,8 +97,7 @@ def test_the_rl_stage_shapes_with_the_budgets_and_learns_them():
   budget[7] = 5.0
   shaped = rl.shape_rewards(stage, collected, budget)
   np.testing.assert_allclose(shaped.rewards_B, [1, 0.5, 0, 0])  # row 1: 8 tokens > 5
-  controls = rl.Controls(None, 0.0, budget=toggle.init_budgets(10))
-  learnt = toggle.update_budgets(stage.toggle_cfg, controls.budget, collected.prompt_B,
+  learnt = toggle.update_budgets(stage.toggle_cfg, toggle.init_budgets(10), collected.prompt_B,
                                  rl.policy_tokens(batch), success)
   assert learnt[7] == 6.0 and learnt[3] == -1  # the median of 4 and 8
 

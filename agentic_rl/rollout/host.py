@@ -43,8 +43,8 @@ go to ``step``.
 
 An optional ``actor(tag, observation) -> action_text`` scripts the policy:
 its actions are forced as policy tokens (loss mask 1, log-probs recorded)
-instead of sampled. An action has no stop id but maybe at its end; one
-without gets the codec's end of turn (``Codec.turn_end_id``).
+instead of sampled. An action may hold a stop id only at its end; one
+that ends without gets the codec's end of turn (``Codec.turn_end_id``).
 """
 
 from __future__ import annotations

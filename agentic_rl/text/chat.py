@@ -220,6 +220,7 @@ def _transform(content: str, text: str) -> str:
 
 
 _SENTINEL = "OBSERVATION"
+_PROBE_CALL = {"name": "probe", "arguments": {"x": 1}}
 _PROBE = " \tProbe \"q\"\nline two "
 _SAMPLES = ("The result is 42, see {\"ok\": true}.", "\nstarts with a newline", "ends: so.\n\n",
             "x", "  spaced  ")
@@ -369,10 +370,9 @@ class ChatCodec:
              tools: Sequence[Mapping[str, Any]] | None = None,
              add_generation_prompt: bool = False, escape: bool = False) -> list[int]:
     """Ids of a conversation (see :meth:`encode_prompt`)."""
-    escaped = {"system", "user"} | ({"tool_result"} if escape else set())
     if escape:
-      messages = [Message(m.role, self._mark(m.content)) if m.role in escaped else m
-                  for m in messages]
+      messages = [Message(m.role, self._mark(m.content))
+                  if m.role in ("system", "user", "tool_result") else m for m in messages]
     text = self.render(self.to_hf(messages, tools=tools), tools=tools if self.uses_tools else None,
                        add_generation_prompt=add_generation_prompt)
     if not escape:
@@ -401,9 +401,6 @@ class ChatCodec:
     return ids
 
   # ---------------------------------------------------------------- framing
-  def _probe_call(self) -> dict[str, Any]:
-    return {"name": "probe", "arguments": {"x": 1}}
-
   def _end_of_turn(self) -> int:
     """The first added token the template writes after an assistant's text."""
     text = self.render([{"role": "user", "content": "Question"},
@@ -419,7 +416,7 @@ class ChatCodec:
     user = [{"role": "user", "content": "Question"}]
     if tool:
       messages = self.to_hf([Message("user", "Question"),
-                             Message("tool_call", json.dumps(self._probe_call())),
+                             Message("tool_call", json.dumps(_PROBE_CALL)),
                              Message("tool_result", content)])
     else:
       messages = user + [{"role": "assistant", "content": "Reply"},

@@ -221,6 +221,11 @@ class Collected:
     """int ``[B]``: the training prompt of each row of ``batch``."""
     return np.asarray(self.sampled.prompt_ids)[self.layout.group_B]
 
+  @property
+  def success_B(self) -> np.ndarray:
+    """bool ``[B]``: each row of ``batch`` succeeded (its outcome)."""
+    return np.asarray(self.batch.reward_components["outcome"]) > 0.5
+
 
 def collect(run: Run, rl: RLStage, actor, prompts: PromptSource,
             history: signal.PromptHistory, key, step: int) -> Collected:
@@ -299,8 +304,7 @@ def shape_rewards(rl: RLStage, collected: Collected, budget_N: np.ndarray | None
   if rl.toggle_cfg.enabled:
     batch, layout = collected.batch, collected.layout
     rewards_B, over_B = toggle.budget_rewards(
-        rl.toggle_cfg, rewards_B, policy_tokens(batch),
-        np.asarray(batch.reward_components["outcome"]) > 0.5, layout.group_B,
+        rl.toggle_cfg, rewards_B, policy_tokens(batch), collected.success_B, layout.group_B,
         layout.num_groups, budget_N[collected.prompt_B], collected.step)
   per_group = {}
   if "greedy_rewards_P" in rl.needs:  # ReMax: shaped like the sampled rewards
@@ -416,7 +420,7 @@ def invariant_metrics(run: Run, rl: RLStage, collected: Collected, shaped: Shape
   ``shift/*``, ``learner/*``, ``episode/*`` and ``perf/*`` (docs/metrics.md).
   ``version`` is the learner's step when the batch's first update began."""
   batch, layout, sampled = collected.batch, collected.layout, collected.sampled
-  success = np.asarray(batch.reward_components["outcome"]) > 0.5
+  success = collected.success_B
   loss_mask = np.asarray(batch.loss_mask_BxT)
   metrics = {"reward/mean": float(shaped.rewards_B.mean())}
   if "greedy_rewards_P" in shaped.per_group:
@@ -490,10 +494,8 @@ def next_controls(rl: RLStage, controls: Controls, collected: Collected,
                                            metrics["shift/kl_behaviour_learner"])
   budget = controls.budget
   if rl.toggle_cfg.enabled:
-    batch = collected.batch
     budget = toggle.update_budgets(rl.toggle_cfg, budget, collected.prompt_B,
-                                   policy_tokens(batch),
-                                   np.asarray(batch.reward_components["outcome"]) > 0.5)
+                                   policy_tokens(collected.batch), collected.success_B)
   return Controls(history, float(coef), staleness, budget)
 
 
