@@ -2,6 +2,7 @@
 
 ``forward`` runs full sequences (training, scoring); ``prefill`` / ``extend`` /
 ``decode_step`` run incrementally against a ``KVCache`` (rollouts);
+``prefix.forward_hidden`` runs a prefix shared by a group of rows once;
 ``hf.load_hf_checkpoint`` / ``hf.save_hf_checkpoint`` import and export Llama,
 Qwen2, Qwen3, Gemma, Gemma 2 and Gemma 3 (text) checkpoints;
 ``compiler_options`` are the XLA options every jit of the model passes.
@@ -11,7 +12,8 @@ from agentic_rl.model import hf
 from agentic_rl.model.xla_options import compiler_options, mesh_platform
 from agentic_rl.model.config import TransformerConfig, alternating_windows
 from agentic_rl.model.kv_cache import (KVCache, decode_step, extend,
-                                       grow_cache, init_cache, prefill)
+                                       grow_cache, init_cache, prefill,
+                                       repeat_rows)
 from agentic_rl.model.transformer import (forward, init_params, param_axes,
                                           unembedding, unstack_layers)
 
@@ -30,6 +32,7 @@ __all__ = [
     "mesh_platform",
     "param_axes",
     "prefill",
+    "repeat_rows",
     "unembedding",
     "unstack_layers",
 ]

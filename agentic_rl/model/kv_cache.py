@@ -74,6 +74,17 @@ def grow_cache(cache: KVCache, max_len: int) -> KVCache:
   return KVCache(k=tuple(map(pad, cache.k)), v=tuple(map(pad, cache.v)))
 
 
+def repeat_rows(cache: KVCache, repeats: int) -> KVCache:
+  """The cache with each row repeated ``repeats`` times, consecutively: row
+  ``b`` of the result is row ``b // repeats`` of ``cache`` (``[B * r, K, S,
+  Dh]`` per layer). A prompt prefilled once then serves the ``repeats``
+  rows that sample from it."""
+  if repeats == 1:
+    return cache
+  rep = lambda x: jnp.repeat(x, repeats, axis=0)
+  return KVCache(k=tuple(map(rep, cache.k)), v=tuple(map(rep, cache.v)))
+
+
 def _check_cache(cache: KVCache, config: TransformerConfig, batch: int):
   expected = (batch, config.n_kv_heads, cache.max_len, config.head_dim)
   for name, layers in (("k", cache.k), ("v", cache.v)):
