@@ -17,7 +17,9 @@ from agentic_rl.train import metrics as metrics_lib
 from experiments.configs import default
 
 REQUIRED = (
-    "reward/mean", "reward/outcome", "reward/format", "reward/efficiency", "eval/success",
+    "reward/mean", "reward/outcome", "reward/format", "reward/efficiency",
+    "reward/efficiency_calls", "reward/efficiency_tokens", "reward/efficiency_time",
+    "eval/success",
     "eval/pass_at_k", "explore/entropy", "explore/distinct_tool_seqs",
     "explore/distinct_success_seqs", "explore/tool_seq_edit_dist", "signal/zero_variance_frac", "signal/adv_std",
     "signal/effective_token_frac", "learner/grad_norm", "shift/staleness_mean",

@@ -21,6 +21,10 @@ Actions. ``step`` reads the completed action segment (``base.py``):
 A tool call on turn ``max_turns`` (turns count actions) is run, but it ends
 the episode as ``truncated``. Steps after the episode ended change nothing and
 report zero rewards.
+
+A call that names a known tool adds that tool's nominal latency
+(``tools.LATENCY_S``) to the episode's ``env_seconds`` (also in the step's
+``info``): the environment time the efficiency reward counts (``rewards.py``).
 """
 
 from __future__ import annotations
@@ -75,6 +79,8 @@ class EpisodeState:
     turn: int32 actions taken.
     tool_calls, malformed_calls, tool_errors, policy_tokens: int32 counters.
     tool_successes: int32 ``[len(TOOLS)]`` successful calls per tool.
+    env_seconds: float32 the nominal latencies (``tools.LATENCY_S``) of the
+      calls naming a known tool, summed: the episode's environment time.
     last_value: int32 the last numeric tool result (0 before any).
     strategy_hash: int32 running hash of the sequence of valid calls.
     done, truncated: bool.
@@ -89,6 +95,7 @@ class EpisodeState:
   tool_errors: jax.Array
   policy_tokens: jax.Array
   tool_successes: jax.Array
+  env_seconds: jax.Array
   last_value: jax.Array
   strategy_hash: jax.Array
   done: jax.Array
@@ -225,7 +232,8 @@ class ToolEnv:
         instance=instance, memory=tools.empty_memory(self.memory_slots),
         opened=jnp.zeros(instance.world.boxes.shape, bool), turn=z, tool_calls=z,
         malformed_calls=z, tool_errors=z, policy_tokens=z,
-        tool_successes=jnp.zeros((len(T.TOOLS),), jnp.int32), last_value=z,
+        tool_successes=jnp.zeros((len(T.TOOLS),), jnp.int32),
+        env_seconds=jnp.zeros((), jnp.float32), last_value=z,
         strategy_hash=z, done=f, truncated=f)
 
   def step(self, state: EpisodeState, action_A: jax.Array, action_len: jax.Array,
@@ -263,6 +271,8 @@ class ToolEnv:
         policy_tokens=state.policy_tokens + jnp.clip(action_len, 0, action_A.shape[0]),
         tool_successes=state.tool_successes.at[jnp.maximum(p.tool, 0)].add(
             call_ok.astype(jnp.int32)),
+        env_seconds=state.env_seconds + jnp.where(
+            known, jnp.asarray(tools.latencies())[jnp.maximum(p.tool, 0)], 0.0),
         last_value=jnp.where(has_value, res.value, state.last_value),
         strategy_hash=jnp.where(valid, tools.hash_ints(
             jnp.stack([state.strategy_hash, call_hash]), jnp.ones((2,), bool)),
@@ -274,7 +284,8 @@ class ToolEnv:
     comps = rewards_lib.episode_components(
         correct=correct, answered=answered, calls=new.tool_calls,
         malformed_calls=new.malformed_calls, tokens=new.policy_tokens,
-        max_turns=self.max_turns, max_action_len=self.max_action_len)
+        seconds=new.env_seconds, max_turns=self.max_turns,
+        max_action_len=self.max_action_len, config=self.rewards)
     comps = {k: jnp.where(final, c, 0.0) for k, c in comps.items()}
     num, num_len = T.render_int(res.value, v)
     msg, msg_len = T.message(status, v)
@@ -293,6 +304,7 @@ class ToolEnv:
         "tool_errors": new.tool_errors,
         "malformed_calls": new.malformed_calls,
         "policy_tokens": new.policy_tokens,
+        "env_seconds": new.env_seconds,
         "turn": new.turn,
         "strategy_hash": new.strategy_hash,
     }

@@ -14,6 +14,14 @@
 * ``open N``: reads hidden box ``N`` (1-based; ``error: no such box``).
 
 Spaces separate tokens and are skipped, but never split a number.
+
+Every tool declares a nominal latency in seconds (:data:`LATENCY_S`), a model
+of what the real tool it stands for would cost: arithmetic and a local
+memory answer in milliseconds, opening a box (a file) takes longer, and a
+lookup (a database or search query) longest. The tools themselves run
+inside ``jit`` in no measurable time; an episode sums the latencies of its
+calls as its environment time (``EpisodeState.env_seconds``), the quantity a
+Python environment's measured step time stands for.
 """
 
 from __future__ import annotations
@@ -26,6 +34,15 @@ from flax import struct
 from agentic_rl.envs import tokens as T
 
 MAX_INT = T.MAX_INT
+
+# Nominal latency of one call of each tool, in seconds (see the module
+# docstring).
+LATENCY_S = {"calc": 0.01, "store": 0.005, "recall": 0.005, "lookup": 0.25, "open": 0.05}
+
+
+def latencies() -> np.ndarray:
+  """float32 ``[len(TOOLS)]``: :data:`LATENCY_S` in tool-id order."""
+  return np.asarray([LATENCY_S[name] for name in T.TOOLS], np.float32)
 
 
 @struct.dataclass

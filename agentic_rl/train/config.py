@@ -17,6 +17,7 @@ from agentic_rl import model as model_lib
 from agentic_rl import objectives
 from agentic_rl.envs import host as host_lib
 from agentic_rl.envs import registry
+from agentic_rl.envs import rewards as rewards_lib
 from agentic_rl.envs import tasks as tasks_lib
 from agentic_rl.envs.remote import ENV_POOLS
 from agentic_rl.invariants import exploration, shift, signal
@@ -373,6 +374,10 @@ def _validate(cfg) -> None:
          f"{cfg.tasks.difficulty!r}")
   if len(cfg.tasks.weights) != len(cfg.tasks.families):
     _err("config.tasks.weights needs one weight per family in config.tasks.families")
+  try:
+    rewards_lib.RewardConfig.from_mapping(cfg.tasks.rewards)
+  except (TypeError, ValueError) as e:
+    _err(f"config.tasks.rewards: {e}")
   if init_from := cfg.model.get("init_from", ""):
     _validate_init_from(cfg, init_from)
   model_cfg = model_config(cfg)

@@ -176,8 +176,20 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       weights=(0.5, 0.5),
       # Difficulty levels of the task pool: prompt i has difficulty[i % len].
       difficulty=(1,),
-      rewards=ml_collections.ConfigDict(dict(outcome=1.0, format=0.1, efficiency=0.1,
-                                             efficiency_needs_success=True)),
+      # Reward weights (agentic_rl/envs/rewards.py). efficiency counts the
+      # share of the episode's budgets left unused: tool calls (max_turns),
+      # policy tokens (max_turns times the tokens an action may have) and
+      # seconds in the environment (time_budget_s; measured for host
+      # environments, the tools' declared latencies for the built-in
+      # families), each by its efficiency_weights entry. Both sources
+      # default to calls and tokens only: time weighs 0, so the built-in
+      # families keep their rewards and a host run's rewards stay
+      # reproducible (measured time varies with the machine's load). A host
+      # environment's reward is its own plus the efficiency term.
+      rewards=ml_collections.ConfigDict(dict(
+          outcome=1.0, format=0.1, efficiency=0.1, efficiency_needs_success=True,
+          efficiency_weights=ml_collections.ConfigDict(dict(calls=0.5, tokens=0.5, time=0.0)),
+          time_budget_s=1.0)),
       train_size=20_000,
       test_size=256,
   ))
