@@ -6,10 +6,13 @@
 Multi-turn calc-chain episodes (two scripted tool calls, then sampling) for 4
 prompts x 2 samples on the tiny transformer, produced three ways: on one
 device; split over 4 devices as a partial rollout, stopped after 40 tokens
-and resumed; and in one call by the training loop's engine on a
-``data=2, tensor=2`` mesh (rows split over ``data``, replicated over
-``tensor``). Prints each rollout's arrays (and how many devices hold them) as
-one JSON line.
+and resumed; in one call by the training loop's engine on a ``data=2,
+tensor=2`` mesh (rows split over ``data``, replicated over ``tensor``),
+which has group size 1 and takes every prompt repeated. Then the first 2
+prompts x 4 samples: with group size 4 split over 4 devices (each group's
+prefill shared by its 2 rows on each device), and by the loop's engine.
+Prints each rollout's arrays (and how many devices hold them) as one JSON
+line.
 """
 
 import json
@@ -34,9 +37,9 @@ def main():
   inputs, script, instances = s["inputs"], s["script"], s["instances"]
   key = jax.random.key(7)
 
-  def engine(row_sharding):
+  def engine(row_sharding, group_size=G):
     return rollout.RolloutEngine(config, SAMPLING, codec.ids, env=env,
-                                 batch_size=NUM_PROMPTS * G, group_size=G,
+                                 batch_size=NUM_PROMPTS * G, group_size=group_size,
                                  row_sharding=row_sharding)
 
   mesh = jax.make_mesh((4,), ("rows",), axis_types=(jax.sharding.AxisType.Auto,))
@@ -55,6 +58,14 @@ def main():
   out["loop_engine"] = loop_engine.rollout(
       params, rep(inputs[0]), rep(inputs[1]), jax.tree.map(rep, instances), key, 0,
       **{k: rep(v) for k, v in script.items()})
+
+  first2 = lambda x: np.asarray(x)[:2]  # noqa: E731
+  inputs2, script2 = jax.tree.map(first2, (inputs, script))
+  out["group_split_four_devices"] = engine(NamedSharding(mesh, P("rows")), 4).rollout(
+      params, *inputs2, key, 0, **script2)
+  rep4 = lambda x: np.repeat(x, 4, axis=0)  # noqa: E731
+  out["loop_engine_groups_of_4"] = loop_engine.rollout(
+      params, *jax.tree.map(rep4, inputs2), key, 0, **jax.tree.map(rep4, script2))
 
   result = {name: {"devices": len(ro.tokens_BxT.sharding.device_set),
                    **{f: np.asarray(getattr(ro, f)).tolist() for f in FIELDS}}

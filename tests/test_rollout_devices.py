@@ -1,4 +1,5 @@
-"""A rollout with its rows split over devices equals the one-device rollout."""
+"""A rollout with its rows split over devices equals the one-device rollout,
+with each prompt's prefill shared by its rows on a device or not."""
 
 import json
 import os
@@ -29,15 +30,19 @@ def test_rows_split_over_four_devices_match_one_device():
   assert one["num_tool_calls_B"] == [2] * 8
   assert 0 < out["unfinished_after_40"]  # the partial rollout did carry over
   assert out["loop_row_sharding"] == str(P(("data", "fsdp")))
-  for name in ("partial_four_devices", "loop_engine"):
-    got = out[name]
+  # The loop's engine (group size 1, prompts repeated) prefills every row;
+  # the others prefill each prompt once per device holding its rows.
+  for name, ref in (("partial_four_devices", "one_device"), ("loop_engine", "one_device"),
+                    ("group_split_four_devices", "loop_engine_groups_of_4")):
+    got, want = out[name], out[ref]
     assert got["devices"] == 4, name
     for field in ("tokens_BxT", "loss_mask_BxT", "version_BxT", "reward_B",
                   "done_B", "truncated_B", "num_tool_calls_B"):
-      np.testing.assert_array_equal(got[field], one[field], err_msg=f"{name}/{field}")
+      np.testing.assert_array_equal(got[field], want[field], err_msg=f"{name}/{field}")
     # Only the matmul batch (rows per device) differs: float rounding.
-    np.testing.assert_allclose(got["behaviour_logp_BxT"], one["behaviour_logp_BxT"],
+    np.testing.assert_allclose(got["behaviour_logp_BxT"], want["behaviour_logp_BxT"],
                                atol=1e-5, err_msg=name)
+  assert out["group_split_four_devices"]["num_tool_calls_B"] == [2] * 8
 
 
 def test_row_sharding_must_divide_the_batch():

@@ -234,3 +234,82 @@ def test_input_errors(setup):
                           s["codec"].ids, env=s["env"], batch_size=4)
   with pytest.raises(ValueError, match="script_PxS and script_len_P"):
     engine.rollout(*args, script_PxS=np.zeros((P, 3), np.int32))
+
+
+ROWS = 4  # rows of the prefix-sharing tests: 4 prompts of 1, 2 of 2 or 1 of 4
+
+
+def _engine(s, with_env, group_size):
+  sampling = SAMPLING if with_env else dataclasses.replace(SAMPLING, max_turns=1)
+  return rollout.RolloutEngine(
+      s["config"], sampling, s["codec"].ids, env=s["env"] if with_env else None,
+      batch_size=ROWS, group_size=group_size,
+      cache_segments=1)  # one decode loop: a quicker compile
+
+
+def _rows(s, with_env, order):
+  """The engine's inputs for the prompts ``order`` (indices into setup's),
+  with the environment: instances and two scripted tool calls."""
+  take = lambda x: jax.tree.map(lambda a: np.asarray(a)[order], x)  # noqa: E731
+  args = [take(s["prompts"]), take(s["prompt_len"]),
+          take(s["instances"]) if with_env else None]
+  return args, take(s["script"]) if with_env else {}
+
+
+@pytest.fixture(scope="module")
+def unshared(setup):
+  """G = 1 engines, each row prefilled on its own, and their rollouts of the
+  rows ``[0, 1, 0, 1]``, ``[0, 0, 1, 1]`` and ``[0, 0, 0, 0]``, by row order."""
+  out = {}
+  for with_env in (True, False):
+    engine = _engine(setup, with_env, 1)
+    for order in ((0, 1, 0, 1), (0, 0, 1, 1), (0, 0, 0, 0)):
+      args, script = _rows(setup, with_env, list(order))
+      out[with_env, order] = engine.rollout(setup["params"], *args, jax.random.key(13), 0,
+                                            **script)
+  return out
+
+
+@pytest.mark.parametrize("with_env", [True, False], ids=["env", "no_env"])
+@pytest.mark.parametrize("group_size", [1, 2, 4])
+def test_each_prompt_is_prefilled_once_with_the_rollouts_of_repeated_prompts(
+    setup, unshared, group_size, with_env, monkeypatch):
+  """An engine of group size G prefills its P prompts and copies each cache
+  to its G rows: the same episodes as G = 1 on every prompt repeated G
+  times (same key: the rows' draws do not depend on G)."""
+  s = setup
+  prefilled = []
+  prefill = model_lib.prefill
+
+  def spy(params, tokens_BxT, cache, config, **kwargs):
+    prefilled.append(tokens_BxT.shape[0])
+    return prefill(params, tokens_BxT, cache, config, **kwargs)
+
+  monkeypatch.setattr(model_lib, "prefill", spy)
+  prompts = [0, 1, 0, 1][:ROWS // group_size] if group_size < ROWS else [0]
+  args, script = _rows(s, with_env, prompts)
+  shared = _engine(s, with_env, group_size).rollout(s["params"], *args, jax.random.key(13),
+                                                    0, **script)
+  assert prefilled == [ROWS // group_size]
+  plain = unshared[with_env, tuple(np.repeat(prompts, group_size))]
+  for field in ("tokens_BxT", "loss_mask_BxT", "turn_BxT", "version_BxT", "length_B",
+                "reward_B", "done_B", "truncated_B", "num_tool_calls_B"):
+    np.testing.assert_array_equal(getattr(shared, field), getattr(plain, field), err_msg=field)
+  np.testing.assert_allclose(shared.behaviour_logp_BxT, plain.behaviour_logp_BxT, atol=1e-6)
+  np.testing.assert_allclose(shared.entropy_BxT, plain.entropy_BxT, atol=1e-6)
+  assert (np.asarray(shared.loss_mask_BxT) > 0).sum(axis=1).min() > 0
+  if group_size > 1:  # the samples of a prompt go their own ways after it
+    tokens = np.asarray(shared.tokens_BxT).reshape(ROWS // group_size, group_size, -1)
+    assert not np.all(tokens == tokens[:, :1])
+  if with_env:
+    assert np.all(np.asarray(shared.num_tool_calls_B) >= 2)
+
+
+def test_prompt_group_size_is_the_gcd_of_the_runs():
+  size = rollout.engine.prompt_group_size
+  assert size([4, 4, 9, 9]) == 2
+  assert size([4, 4, 4, 9, 9, 9]) == 3
+  assert size([4, 4, 9, 9, 9, 9]) == 2  # runs of 4 hold two groups of 2
+  assert size([4, 9, 9, 4]) == 1
+  assert size([7, 7, 7, 7]) == 4
+  assert size([]) == 1

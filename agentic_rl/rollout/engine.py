@@ -15,8 +15,11 @@ the model's :func:`~agentic_rl.model.decode_step`:
   rows that stopped), its observation is framed by the codec and queued, and
   the episode ends on ``done``/``truncated``, a final stop id, or a limit.
 
-The loop exits early when no row is live (with a ``row_sharding``, each
-device runs its own loop on its share of the rows). The KV cache starts at
+Fresh episodes prefill each of the P prompts once and copy its KV cache to
+its G rows (the same cache the rows' own prefills would write, so the same
+tokens; :meth:`RolloutEngine.rollout`). The loop exits early when no row is
+live (with a ``row_sharding``, each device runs its own loop on its share of
+the rows). The KV cache starts at
 the prompt length and grows to the row capacity in up to ``cache_segments``
 steps (one while loop per size), so attention reads about as many slots as
 the rows hold. Episode limits (tokens per turn, turns, total tokens) truncate a row.
@@ -28,6 +31,7 @@ an episode interrupted after any step and resumed
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -91,7 +95,8 @@ class RolloutEngine:
     env: an in-jit environment (see ``agentic_rl.envs.base``), or None for
       single-turn generation (a stop token ends the episode).
     batch_size: B rows per batch.
-    group_size: G samples per prompt; the batch holds ``B / G`` prompts.
+    group_size: G samples per prompt; the batch holds ``B / G`` prompts,
+      each prefilled once for its G rows.
     cache_segments: the KV cache grows to T slots in up to this many steps
       (:func:`run_loop`), so attention reads about as many slots as the rows
       hold; each step is one more while loop to compile. 1 allocates all T
@@ -179,6 +184,11 @@ class RolloutEngine:
         recompiling (a temperature schedule); None keeps the config's.
     Returns:
       :class:`Rollout` with ``B = P * G`` rows, prompt-major.
+
+    Each prompt is prefilled once and its KV cache copied to its G rows
+    (on each device's share of the rows with a ``row_sharding``): the
+    tokens equal those of G = 1 with every prompt repeated G times, the
+    log-probs to float rounding (the prefill's matmuls have P rows, not B).
     """
     args = self._check_inputs(prompts_PxL, prompt_len_P, instances_P,
                               script_PxS, script_len_P)
@@ -284,29 +294,39 @@ class RolloutEngine:
     state = self._init_state(prompts_PxL, prompt_len_P, instances_P,
                              script_PxS, script_len_P, key)
     state = self._advance(params, state, version, jnp.int32(self.max_len),
-                          temperature, prefill_len=prefill_len)
+                          temperature, prefill_len=prefill_len, shared_rows=self.group_size)
     return state.to_rollout()
 
-  def _advance(self, params, state, version, max_steps, temperature, *, prefill_len):
+  def _advance(self, params, state, version, max_steps, temperature, *, prefill_len,
+               shared_rows=1):
     if self.row_sharding is None:
       return self._advance_rows(params, state, version, max_steps, temperature,
-                                prefill_len=prefill_len)
+                                prefill_len=prefill_len, shared_rows=shared_rows)
     rows, rep = PartitionSpec(*self.row_sharding.spec[:1]), PartitionSpec()
     # Rows never meet, so there are no collectives to type-check; without
     # check_vma, environments need no varying-axis casts in their loops.
     return jax.shard_map(
-        functools.partial(self._advance_rows, prefill_len=prefill_len),
+        functools.partial(self._advance_rows, prefill_len=prefill_len,
+                          shared_rows=shared_rows),
         mesh=self.row_sharding.mesh, in_specs=(rep, rows, rep, rep, rep),
         out_specs=rows, check_vma=False)(params, state, version, max_steps, temperature)
 
   def _advance_rows(self, params, state, version, max_steps, temperature, *,
-                    prefill_len):
-    """Runs the loop on ``state``'s rows (all of them, or one device's)."""
+                    prefill_len, shared_rows=1):
+    """Runs the loop on ``state``'s rows (all of them, or one device's).
+
+    ``shared_rows``: the rows come in runs of this many (a group's fresh
+    episodes) with the same first ``prefill_len`` tokens; each run is
+    prefilled once and its cache repeated (runs split between devices
+    share within each device's rows).
+    """
+    B = state.tokens_BxT.shape[0]
+    g = math.gcd(shared_rows, B)
     cache_len = prefill_len if self.cache_segments > 1 else self.max_len
-    cache = model_lib.init_cache(self.model_config, state.tokens_BxT.shape[0],
-                                 cache_len)
-    _, cache = model_lib.prefill(params, state.tokens_BxT[:, :prefill_len],
+    cache = model_lib.init_cache(self.model_config, B // g, cache_len)
+    _, cache = model_lib.prefill(params, state.tokens_BxT[::g, :prefill_len],
                                  cache, self.model_config)
+    cache = model_lib.repeat_rows(cache, g)
     on_stop = self._env_stop if self.env is not None else self._final_stop
     state, _ = run_loop(params, state, cache, version, max_steps,
                         model_config=self.model_config, sampling=self.sampling,
@@ -407,6 +427,19 @@ class RolloutEngine:
         queue_BxQ=jnp.where(cont[:, None], framed_BxQ, state.queue_BxQ),
         queue_len_B=jnp.where(cont, framed_len, state.queue_len_B),
         queue_pos_B=jnp.where(cont, 0, state.queue_pos_B))
+
+
+def prompt_group_size(ids_B) -> int:
+  """The largest G such that ``ids_B`` is runs of G equal ids (rows
+  ``p * G .. p * G + G - 1`` share id ``ids_B[p * G]``): the gcd of the
+  lengths of its runs of equal ids. A batch of ``B`` rows whose prompts are
+  ``ids_B`` is then an engine batch of ``B / G`` prompts with group size G
+  (:meth:`RolloutEngine.rollout` prefills each once). 1 for no ids."""
+  ids = np.asarray(ids_B).reshape(-1)
+  if ids.size == 0:
+    return 1
+  starts = np.flatnonzero(np.concatenate([[True], ids[1:] != ids[:-1], [True]]))
+  return math.gcd(*np.diff(starts).tolist())
 
 
 def new_state(prompts_BxL, prompt_len_B, key, *, max_len: int, max_turns: int,

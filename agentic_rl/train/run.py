@@ -15,6 +15,7 @@ environments it is 1 when the episode's reward exceeds
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -27,7 +28,7 @@ from agentic_rl.envs import scripted
 from agentic_rl.envs.host import HostTasks
 from agentic_rl.envs.tasks import Tasks
 from agentic_rl.invariants import exploration
-from agentic_rl.rollout.engine import RolloutEngine
+from agentic_rl.rollout.engine import RolloutEngine, prompt_group_size
 from agentic_rl.rollout.host import HostLoop
 from agentic_rl.rollout.sampling import SamplingConfig
 from agentic_rl.rollout.types import EPISODE_STATUS, Rollout, select_rows
@@ -52,18 +53,20 @@ class Run:
   def host(self) -> bool:
     return isinstance(self.tasks, HostTasks)
 
-  def engine(self, sampling: SamplingConfig, rows: int) -> RolloutEngine:
-    """One compiled engine per (sampling settings, batch rows), shared by
-    the RL stages and evaluation. Rows are episodes (group size 1): groups
-    are made by repeating prompts. On a single-process mesh with several
+  def engine(self, sampling: SamplingConfig, rows: int, group_size: int = 1) -> RolloutEngine:
+    """One compiled engine per (sampling settings, batch rows, group size),
+    shared by the RL stages and evaluation. Rows are episodes: groups are
+    made by repeating prompts, and ``group_size`` consecutive rows of one
+    prompt share its prefill. On a single-process mesh with several
     batch shards the rows are split over them (a data-parallel rollout)
     when they divide evenly."""
-    key = (sampling, rows)
+    key = (sampling, rows, group_size)
     if key not in self.engines:
       shards = sharding.batch_shards(self.mesh)
       split = jax.process_count() == 1 and shards > 1 and rows % shards == 0
       self.engines[key] = RolloutEngine(
           self.model_config, sampling, self.codec.ids, env=self.env, batch_size=rows,
+          group_size=group_size,
           row_sharding=sharding.batch_sharding(self.mesh) if split else None)
     return self.engines[key]
 
@@ -78,20 +81,21 @@ class Run:
     running episodes continue under newer weights (partial rollouts), or
     with ``restart`` start again under them."""
     parts = []
+    group = math.gcd(prompt_group_size(ids), rows)  # runs of equal ids: one prefill each
     for start in range(0, len(ids), rows):
       chunk = ids[start:start + rows]
       ro = self._rollout_rows(params, sampling, split, np.resize(chunk, rows),
                               jax.random.fold_in(key, start), version, temperature,
-                              weights=weights, restart=restart)
+                              weights=weights, restart=restart, group_size=group)
       parts.append(jax.tree.map(lambda x: np.asarray(x)[:len(chunk)], ro))
     return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
 
   def _rollout_rows(self, params, sampling, split, ids, key, version, temperature,
-                    actor=None, weights=None, restart=False) -> Rollout:
+                    actor=None, weights=None, restart=False, group_size=1) -> Rollout:
     if not self.host:
-      inst = self.tasks.instances(split, ids)
+      inst = self.tasks.instances(split, ids[::group_size])
       prompts, lens = self.tasks.prompts(inst)
-      engine = self.engine(sampling, len(ids))
+      engine = self.engine(sampling, len(ids), group_size)
       if weights is None:
         return engine.rollout(params, prompts, lens, inst, key, version,
                               temperature=temperature)
