@@ -1,5 +1,9 @@
 """The efficiency reward in tool calls, policy tokens and environment time:
-the formula, its config and the nominal latencies of the jitted tools."""
+the formula, its config, the nominal latencies of the jitted tools, the
+measured time of host environments, and the trainer's per-part metrics."""
+
+import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -7,12 +11,21 @@ import numpy as np
 import pytest
 
 from agentic_rl import envs as E
+from agentic_rl import model as model_lib
+from agentic_rl import rollout
 from agentic_rl.envs import rewards as R
+from agentic_rl.envs import text_games
 from agentic_rl.envs import tokens as T
 from agentic_rl.envs import tools
 from agentic_rl.text import default_codec
 from agentic_rl.train import config as config_lib
+from agentic_rl.train import loop
+from agentic_rl.train import metrics as metrics_lib
+from agentic_rl.train.run import Run
 from experiments.configs import default
+
+PARTS = ("reward/efficiency", "reward/efficiency_calls", "reward/efficiency_tokens",
+         "reward/efficiency_time")
 
 
 @pytest.fixture(scope="module")
@@ -187,3 +200,103 @@ def test_a_jitted_episode_sums_its_tools_latencies(codec):
   tokens = int(state.policy_tokens)
   np.testing.assert_allclose(
       c["efficiency"], 1 - 0.5 * 4 / 6 - 0.5 * tokens / (6 * A) - 0.5 * total / 2.0, rtol=1e-6)
+
+
+# ------------------------------------------------------- host environments
+class TwoGuesses:
+  """Ends on the second action; succeeds (reward 1) on even seeds."""
+
+  delay = 0.0
+
+  def reset(self, seed):
+    time.sleep(self.delay)
+    self.seed, self.actions = seed, 0
+    return "guess twice"
+
+  def step(self, action):
+    time.sleep(self.delay)
+    self.actions += 1
+    done = self.actions == 2
+    return "again", float(done and self.seed % 2 == 0), done
+
+
+class SlowTwoGuesses(TwoGuesses):
+  delay = 0.05
+
+
+def _host_run(**rewards):
+  cfg = default.get_config("tiny")
+  cfg.tasks.rewards.update(**rewards)
+  return Run(cfg, codec=None, env=None, tasks=None, model_config=None, mesh=None)
+
+
+def test_a_slow_host_environment_gets_a_lower_time_efficiency(codec):
+  config = model_lib.TransformerConfig.tiny(vocab_size=codec.tokenizer.vocab_size)
+  params = model_lib.init_params(config, jax.random.key(0))
+  sampling = rollout.SamplingConfig(max_new_tokens_per_turn=16, max_turns=4,
+                                    max_total_tokens=128)
+  host = rollout.HostLoop(config, sampling, codec, batch_size=3, max_obs_tokens=16)
+  envs = [TwoGuesses(), SlowTwoGuesses(), SlowTwoGuesses()]
+  ro = host.run(params, envs, [0, 0, 1], jax.random.key(1), 0,
+                actor=lambda tag, obs: "<answer>1</answer>")
+  seconds = np.asarray(ro.env_seconds_B)
+  assert seconds.dtype == np.float32
+  # A reset and two steps, 50 ms each on the slow rows.
+  assert seconds[0] < 0.05 and (seconds[1:] >= 0.15).all() and (seconds[1:] < 1.0).all()
+
+  run = _host_run(efficiency=0.5, efficiency_needs_success=True, time_budget_s=1.0,
+                  efficiency_weights=dict(calls=0.5, tokens=0.5, time=1.0))
+  out = run.with_outcome(ro)
+  c = out.reward_components
+  np.testing.assert_array_equal(c["outcome"], [1.0, 1.0, 0.0])
+  np.testing.assert_allclose(c["efficiency_time"], 1 - seconds, rtol=1e-5)
+  assert c["efficiency_time"][0] > 0.95 > 0.85 > c["efficiency_time"][1]
+  np.testing.assert_array_equal(c["efficiency_calls"], [1.0, 1.0, 1.0])  # no tools offered
+  tokens = (np.asarray(ro.loss_mask_BxT) > 0).sum(axis=1)
+  s = run.cfg.sampling
+  np.testing.assert_allclose(
+      c["efficiency_tokens"], 1 - tokens / (s.max_turns * s.max_new_tokens_per_turn), rtol=1e-6)
+  np.testing.assert_allclose(c["efficiency"],
+                             1 - 0.5 * (1 - c["efficiency_tokens"]) - seconds, rtol=1e-5)
+  # The gated term joins the environment's reward, on the last turn.
+  term = np.array([0.5 * c["efficiency"][0], 0.5 * c["efficiency"][1], 0.0], np.float32)
+  np.testing.assert_allclose(out.reward_B, np.asarray(ro.reward_B) + term, rtol=1e-6)
+  np.testing.assert_allclose(out.turn_rewards_BxC.sum(axis=1), out.reward_B, rtol=1e-6)
+  np.testing.assert_allclose(out.turn_rewards_BxC[:, 1] - ro.turn_rewards_BxC[:, 1], term,
+                             rtol=1e-6)
+  assert out.reward_B[0] > out.reward_B[1] > 1.0 and out.reward_B[2] == 0.0
+
+
+class SlowResetGuess(text_games.GuessNumber):
+  """The example game with a 50 ms reset (the untrained policy seldom
+  closes an action, so resets are the calls every episode makes)."""
+
+  def reset(self, seed):
+    time.sleep(0.05)
+    return super().reset(seed)
+
+
+def test_the_time_weight_changes_the_reward_in_training(tmp_path):
+  records = {}
+  for time_weight in (0.0, 0.5):
+    cfg = default.get_config("tiny")
+    cfg.stages = ("rl",)
+    cfg.tasks.update(source="host", host_env=f"{__name__}:SlowResetGuess")
+    cfg.tasks.rewards.update(time_budget_s=0.2)
+    cfg.tasks.rewards.efficiency_weights.time = time_weight
+    cfg.rl.update(iterations=1)
+    cfg.rl.signal.allocation = "uniform"  # the same batch whatever the rewards
+    cfg.eval.update(num_prompts=2, pass_k_prompts=1)
+    workdir = os.path.join(str(tmp_path), str(time_weight))
+    loop.train(cfg, workdir)
+    records[time_weight] = metrics_lib.read_metrics(os.path.join(workdir, "metrics.jsonl"))[0]
+  free, timed = records[0.0], records[0.5]
+  for r in (free, timed):
+    assert all(k in r for k in PARTS), [k for k in PARTS if k not in r]
+    assert r["reward/efficiency_time"] < 0.8  # 50 ms of a 200 ms budget at least
+  # The same episodes: their outcome, calls and tokens agree; the time part
+  # costs efficiency, and so reward.
+  for k in ("reward/outcome", "reward/efficiency_calls", "reward/efficiency_tokens"):
+    assert free[k] == timed[k], k
+  assert timed["reward/efficiency"] < free["reward/efficiency"]
+  assert timed["reward/mean"] < free["reward/mean"]

@@ -8,6 +8,8 @@ from agentic_rl import envs
 from agentic_rl import model as model_lib
 from agentic_rl import rollout
 from agentic_rl.envs import prompts as prompts_lib
+from agentic_rl.envs import tokens as T
+from agentic_rl.envs import tools
 from agentic_rl.text import default_codec, pad_batch
 
 
@@ -36,6 +38,16 @@ def test_mixed_families_in_one_batch():
   hashes = np.asarray(out.call_hashes_BxC)
   assert np.all(hashes[:, 0] == hashes[0, 0]) and hashes[0, 0] != -1
   assert set(out.reward_components) >= {"outcome", "format"}
+  # The environment's time: at least the scripted calculator call's declared
+  # latency. An episode its environment ended carries the budget's unused
+  # share as its time efficiency; one the engine's limits cut, no component.
+  seconds = np.asarray(out.env_seconds_B)
+  assert seconds.dtype == np.float32 and (seconds >= tools.latencies()[T.CALC]).all()
+  share = 1 - seconds / env.envs[0].rewards.time_budget_s
+  time_part = np.asarray(out.reward_components["efficiency_time"])
+  ended_by_env = time_part > 0
+  assert ended_by_env.any()
+  np.testing.assert_allclose(time_part[ended_by_env], share[ended_by_env], rtol=1e-6)
   for b in range(P * G):
     n = int(out.length_B[b])
     text = codec.tokenizer.decode(np.asarray(out.tokens_BxT[b, :n]))

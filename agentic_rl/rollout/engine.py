@@ -421,6 +421,10 @@ class RolloutEngine:
         + (stop_B & (token_B == ids.tool_call_close)),
         num_tool_errors_B=state.num_tool_errors_B
         + (stop_B & (out.info["tool_error"] != 0)),
+        # The environment's own running total, where it reports one.
+        env_seconds_B=jnp.where(stop_B, out.info["env_seconds"].astype(jnp.float32),
+                                state.env_seconds_B)
+        if "env_seconds" in out.info else state.env_seconds_B,
         done_B=state.done_B | ends_done,
         truncated_B=state.truncated_B | ends_trunc,
         seg_len_B=jnp.where(stop_B, 0, seg_len),
@@ -477,6 +481,7 @@ def new_state(prompts_BxL, prompt_len_B, key, *, max_len: int, max_turns: int,
       awaiting_B=zeros_b,
       num_tool_calls_B=zeros_i,
       num_tool_errors_B=zeros_i,
+      env_seconds_B=jnp.zeros((B,), jnp.float32),
       call_hashes_BxC=jnp.full((B, max_turns), -1, jnp.int32),
       turn_rewards_BxC=jnp.zeros((B, max_turns), jnp.float32),
       status_B=zeros_i,

@@ -22,7 +22,9 @@ the next episode as soon as its own ends, environment calls running while
 the other rows decode (``chunk_steps`` tokens per jitted segment).
 
 Environments step concurrently (``env_workers`` threads, each call limited
-to ``env_timeout_s``; :mod:`agentic_rl.rollout.workers`), and one that
+to ``env_timeout_s``; :mod:`agentic_rl.rollout.workers`); the wall time of
+a row's ``reset``, ``step`` and ``call_tool`` calls adds up in
+``env_seconds_B``. One that
 misbehaves ends only its own episode, truncated with a reason in
 ``Rollout.status_B``: an exception or a malformed return from ``reset`` or
 ``step`` ("env_error"), a call past the time limit ("env_timeout"), a
@@ -332,7 +334,8 @@ class HostLoop:
     """Writes row b's new episode after its ``reset`` (numpy state, in
     place); True when it runs (its cache must be built)."""
     if out.ok and not isinstance(out.value, str):
-      out = Outcome(error=TypeError(f"reset must return str, got {type(out.value).__name__}"))
+      out = Outcome(error=TypeError(f"reset must return str, got {type(out.value).__name__}"),
+                    seconds=out.seconds)
     status = _failure(out)
     obs = "" if status else out.value
     tools = getattr(episode.env, "tools", None)
@@ -352,6 +355,7 @@ class HostLoop:
     s.tokens_BxT[b, :len(prompt)] = prompt
     s.prompt_len_B[b], s.cur_B[b] = len(prompt), len(prompt) - 1
     s.key_B[b] = np.asarray(jax.random.key_data(episode.key))
+    s.env_seconds_B[b] = out.seconds
     s.status_B[b], s.truncated_B[b] = status, status != 0
     if status:
       return False
@@ -383,6 +387,7 @@ class HostLoop:
     s.num_actions_B[b] += 1
     called = self.codec.calls_tool(action_ids)
     s.num_tool_calls_B[b] += int(called)
+    s.env_seconds_B[b] += out.seconds
     if failure := _failure(out):
       s.status_B[b], s.truncated_B[b] = failure, True
       return
@@ -445,10 +450,14 @@ class _NonFinite(ValueError):
 
 
 def _checked_step(out: Outcome) -> Outcome:
-  """``step``'s return as ``(str, float, bool)``, or a failed outcome."""
+  """``step``'s return as ``(str, float, bool)``, or a failed outcome; the
+  call's ``seconds`` either way."""
   if not out.ok:
     return out
-  value = out.value
+  return dataclasses.replace(_checked_value(out.value), seconds=out.seconds)
+
+
+def _checked_value(value) -> Outcome:
   if not (isinstance(value, tuple) and len(value) == 3):
     return Outcome(error=TypeError("step must return (observation, reward, done), got "
                                    f"{type(value).__name__} {value!r:.80}"))

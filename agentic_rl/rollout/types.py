@@ -40,6 +40,10 @@ class Rollout:
     num_turns_B: int32 action segments started.
     num_tool_calls_B: int32 actions that closed a tool call.
     num_tool_errors_B: int32 environment steps that reported a tool error.
+    env_seconds_B: float32 the episode's time in its environment, in seconds:
+      the measured wall time of a host environment's ``reset``, ``step`` and
+      ``call_tool`` calls, or the nominal latencies of a jitted family's tool
+      calls (``agentic_rl.envs.tools.LATENCY_S``).
     call_hashes_BxC: int32 canonical call hash of each environment step in
       order (-1 for non-calls and padding).
     turn_rewards_BxC: float32 reward of each environment step in order (0 on
@@ -68,6 +72,7 @@ class Rollout:
   num_turns_B: jax.Array
   num_tool_calls_B: jax.Array
   num_tool_errors_B: jax.Array
+  env_seconds_B: jax.Array
   call_hashes_BxC: jax.Array
   turn_rewards_BxC: jax.Array
   finished_B: jax.Array
@@ -131,6 +136,7 @@ class RolloutState:
   awaiting_B: jax.Array
   num_tool_calls_B: jax.Array
   num_tool_errors_B: jax.Array
+  env_seconds_B: jax.Array
   call_hashes_BxC: jax.Array
   turn_rewards_BxC: jax.Array
   status_B: jax.Array
@@ -160,6 +166,7 @@ class RolloutState:
         num_turns_B=jnp.max(self.turn_BxT, axis=1),
         num_tool_calls_B=self.num_tool_calls_B,
         num_tool_errors_B=self.num_tool_errors_B,
+        env_seconds_B=self.env_seconds_B,
         call_hashes_BxC=self.call_hashes_BxC,
         turn_rewards_BxC=self.turn_rewards_BxC,
         finished_B=self.ended_B,

@@ -4,10 +4,10 @@ Python environments (games, sandboxes, web tools) are slow, sometimes hang
 and sometimes raise. :class:`EnvWorkers` runs a list of calls (one per
 episode) on up to ``workers`` threads at once and returns one
 :class:`Outcome` per call: its value, the exception it raised, or that it
-ran past ``timeout_s``. Threads are daemons, so a call that never returns
-is abandoned (its thread may finish later and is ignored) rather than
-holding up the batch or the interpreter's exit; the environment it belonged
-to should be replaced.
+ran past ``timeout_s``, and how long it ran. Threads are daemons, so a call
+that never returns is abandoned (its thread may finish later and is
+ignored) rather than holding up the batch or the interpreter's exit; the
+environment it belonged to should be replaced.
 """
 
 from __future__ import annotations
@@ -24,11 +24,14 @@ from typing import Any
 @dataclasses.dataclass(frozen=True)
 class Outcome:
   """What one call gave: ``value``, or the ``error`` it raised, or
-  ``timed_out``."""
+  ``timed_out``; ``seconds``: the wall time it ran (until its time limit,
+  when it timed out; 0 for an outcome no call made). Outcomes compare
+  without it."""
 
   value: Any = None
   error: BaseException | None = None
   timed_out: bool = False
+  seconds: float = dataclasses.field(default=0.0, compare=False)
 
   @property
   def ok(self) -> bool:
@@ -137,12 +140,14 @@ class EnvWorkers:
     for ticket, (tag, t0) in list(self._running.items()):
       if now - t0 >= self.timeout_s:  # abandoned: its thread's result is ignored
         del self._running[ticket]
-        self._done.append((tag, Outcome(timed_out=True)))
+        self._done.append((tag, Outcome(timed_out=True, seconds=now - t0)))
     self._start()
 
 
 def _run(call: Callable[[], Any]) -> Outcome:
+  start = time.perf_counter()
   try:
-    return Outcome(value=call())
+    value = call()
   except Exception as e:  # pylint: disable=broad-except
-    return Outcome(error=e)
+    return Outcome(error=e, seconds=time.perf_counter() - start)
+  return Outcome(value=value, seconds=time.perf_counter() - start)

@@ -9,7 +9,9 @@ environments stepped between jitted segments by the host loop
 give the same :class:`Rollout`, with ``reward_components["outcome"]`` the
 success the signal controller and the evaluation count; for host
 environments it is 1 when the episode's reward exceeds
-``config.tasks.success_threshold``.
+``config.tasks.success_threshold``. Both report the efficiency components
+of ``config.tasks.rewards`` (:mod:`agentic_rl.envs.rewards`), and a host
+episode's reward gains the same efficiency term as a jitted one's.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 from agentic_rl import envs as envs_lib
 from agentic_rl import model as model_lib
 from agentic_rl.envs import host as host_lib
+from agentic_rl.envs import rewards as rewards_lib
 from agentic_rl.envs import scripted
 from agentic_rl.envs.host import HostTasks
 from agentic_rl.envs.tasks import Tasks
@@ -126,9 +129,23 @@ class Run:
 
   def with_outcome(self, ro: Rollout) -> Rollout:
     """A host rollout with its success as ``reward_components["outcome"]``
-    (1.0 where the summed reward is above ``tasks.success_threshold``)."""
-    outcome = np.asarray(ro.reward_B) > self.cfg.tasks.success_threshold
-    return ro.replace(reward_components={"outcome": outcome.astype(np.float32)})
+    (1.0 where the environment's summed reward is above
+    ``tasks.success_threshold``) and the efficiency components of its tool
+    calls, policy tokens and measured ``env_seconds_B``
+    (:func:`agentic_rl.envs.rewards.host_components`); their weighted term
+    is added to ``reward_B`` and to its last turn's reward."""
+    cfg = self.cfg
+    comps, term_B = rewards_lib.host_components(
+        success=np.asarray(ro.reward_B) > cfg.tasks.success_threshold,
+        calls=ro.num_tool_calls_B, tokens=(np.asarray(ro.loss_mask_BxT) > 0).sum(axis=1),
+        seconds=ro.env_seconds_B, max_turns=cfg.sampling.max_turns,
+        max_action_len=cfg.sampling.max_new_tokens_per_turn,
+        config=rewards_lib.RewardConfig.from_mapping(cfg.tasks.rewards))
+    turn_rewards = np.array(ro.turn_rewards_BxC, np.float32)
+    last_B = np.clip(np.asarray(ro.num_turns_B) - 1, 0, turn_rewards.shape[1] - 1)
+    turn_rewards[np.arange(len(last_B)), last_B] += term_B
+    return ro.replace(reward_B=np.asarray(ro.reward_B, np.float32) + term_B,
+                      turn_rewards_BxC=turn_rewards, reward_components=comps)
 
   def host_loop(self, sampling: SamplingConfig, rows: int) -> tuple[HostLoop, list]:
     """One compiled host loop and its ``rows`` environments per (sampling
