@@ -23,13 +23,18 @@ class GuessNumber:
   Reward 1 for the right number (the episode ends), 0 otherwise; an action
   without ``<answer>n</answer>`` costs a guess and is told the format. The
   secret is a function of the seed. The demonstration is binary search,
-  which needs ``ceil(log2(high + 1))`` guesses at most.
+  which needs ``ceil(log2(high + 1))`` guesses at most; in a fraction
+  ``verbose`` of the demonstrations (by the seed) each guess first states
+  the interval left ("from 9 to 16: <answer>12</answer>"), which costs
+  tokens and changes nothing: solutions with slack, for length controls
+  such as Toggle to remove.
   """
 
-  def __init__(self, high: int = 16, max_guesses: int = 6):
-    if high < 1 or max_guesses < 1:
-      raise ValueError(f"high and max_guesses must be >= 1, got {high}, {max_guesses}")
-    self.high, self.max_guesses = high, max_guesses
+  def __init__(self, high: int = 16, max_guesses: int = 6, verbose: float = 0.0):
+    if high < 1 or max_guesses < 1 or not 0.0 <= verbose <= 1.0:
+      raise ValueError(f"high and max_guesses must be >= 1 and verbose in [0, 1], got {high}, "
+                       f"{max_guesses}, {verbose}")
+    self.high, self.max_guesses, self.verbose = high, max_guesses, verbose
     self.secret, self.guesses = 1, 0
 
   def reset(self, seed: int) -> str:
@@ -51,10 +56,76 @@ class GuessNumber:
 
   def demonstration(self, seed: int) -> list[str]:
     self.reset(seed)
+    verbose = np.random.default_rng([seed, 1]).random() < self.verbose
     lo, hi, actions = 1, self.high, []
     while True:
       guess = (lo + hi) // 2
-      actions.append(f"<answer>{guess}</answer>")
+      actions.append((f"from {lo} to {hi}: " if verbose else "") + f"<answer>{guess}</answer>")
       if guess == self.secret:
         return actions
       lo, hi = (guess + 1, hi) if guess < self.secret else (lo, guess - 1)
+
+
+_NEXT = re.compile(r"next\s+(-?\d+)")
+
+
+class Ledger:
+  """A long-horizon task: keep the last digit of a running sum over a ledger
+  read one entry at a time.
+
+  Each ``next T`` action (``T``: the policy's running total so far, its last
+  digit) reveals the next entry, in a record that echoes ``T`` (and
+  ``filler`` extra words); after the last entry, ``<answer>T</answer>`` with the
+  last digit of the sum of all entries earns 1. A ledger has from
+  ``min_entries`` to ``entries`` entries (by the seed), and an episode takes
+  ``entries + 2`` actions: the tool results of a long one outgrow a small
+  context, and without context management it is truncated before the end. The state to
+  keep is one digit, and the latest observation carries it, so any of the
+  context policies (:mod:`agentic_rl.rollout.context`) can finish.
+
+  ``demonstration(seed)`` gives the competent actions; ``summary`` the
+  summary a competent policy writes when asked (the running total).
+  """
+
+  def __init__(self, entries: int = 8, min_entries: int | None = None, filler: int = 0):
+    min_entries = entries if min_entries is None else min_entries
+    if not 1 <= min_entries <= entries or filler < 0:
+      raise ValueError(f"need 1 <= min_entries <= entries and filler >= 0, got {min_entries}, "
+                       f"{entries}, {filler}")
+    self.max_entries, self.min_entries, self.filler = entries, min_entries, filler
+    self.values, self.shown, self.steps, self.entries = [], 0, 0, entries
+
+  def reset(self, seed: int) -> str:
+    rng = np.random.default_rng(seed)
+    self.entries = int(rng.integers(self.min_entries, self.max_entries + 1))
+    self.values = [int(v) for v in rng.integers(0, 10, self.entries)]
+    self.shown, self.steps = 0, 0
+    return "Add up a ledger. Say next T (T: last digit of your total) for each entry, then answer T."
+
+  def _record(self, total: int) -> str:
+    if self.shown == self.entries:
+      return f"total {total}, no more entries."
+    value = self.values[self.shown]
+    self.shown += 1
+    return " ".join([f"total {total}, entry {self.shown} is {value}."] + ["ok"] * self.filler)
+
+  def step(self, action: str) -> tuple[str, float, bool]:
+    self.steps += 1
+    last = self.steps >= self.entries + 4
+    if (answer := _ANSWER.findall(action)):
+      right = self.shown == self.entries and int(answer[-1]) == sum(self.values) % 10
+      return ("Correct." if right else "Wrong."), float(right), True
+    if not (total := _NEXT.findall(action)):
+      return "Say next T or answer <answer>T</answer>.", 0.0, last
+    return self._record(int(total[-1]) % 10), 0.0, last
+
+  def demonstration(self, seed: int) -> list[str]:
+    self.reset(seed)
+    totals = np.cumsum([0] + self.values) % 10
+    return [f"<tool_call>next {t}</tool_call>" for t in totals] + [
+        f"<answer>{totals[-1]}</answer>"]
+
+  def summary(self, observations: list[str]) -> str:
+    """The running total after the entries the observations showed."""
+    shown = [int(v) for obs in observations for v in re.findall(r"entry \d+ is (\d+)", obs)]
+    return f"running total {sum(shown) % 10}"

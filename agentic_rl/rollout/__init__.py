@@ -3,16 +3,18 @@ partial rollouts, and the train-inference consistency check."""
 
 from agentic_rl.invariants.shift.monitors import mismatch_metrics
 from agentic_rl.rollout.consistency import learner_logprobs
+from agentic_rl.rollout.context import ContextConfig, scored_rows
 from agentic_rl.rollout.engine import RolloutEngine
 from agentic_rl.envs.gem import GemEnv
 from agentic_rl.rollout.host import Episode, HostLoop, TextEnv
 from agentic_rl.rollout.sampling import (SamplingConfig, entropy_of,
                                          sample_tokens, sampling_log_probs)
 from agentic_rl.rollout.types import (EPISODE_STATUS, FAILED_STATUS, Rollout, RolloutState,
-                                      select_rows, to_groups)
+                                      Segments, select_rows, to_groups)
 from agentic_rl.rollout.workers import EnvWorkers, Outcome
 
 __all__ = [
+    "ContextConfig",
     "EPISODE_STATUS",
     "EnvWorkers",
     "Episode",
@@ -24,12 +26,14 @@ __all__ = [
     "RolloutEngine",
     "RolloutState",
     "SamplingConfig",
+    "Segments",
     "TextEnv",
     "entropy_of",
     "learner_logprobs",
     "mismatch_metrics",
     "sample_tokens",
     "sampling_log_probs",
+    "scored_rows",
     "select_rows",
     "to_groups",
 ]

@@ -64,8 +64,10 @@ import numpy as np
 
 from agentic_rl import model as model_lib
 from agentic_rl.rollout.engine import check_key, check_version, new_state, run_loop
+from agentic_rl.rollout import context as context_lib
+from agentic_rl.rollout.context import ContextConfig, Piece, Turn
 from agentic_rl.rollout.sampling import SamplingConfig
-from agentic_rl.rollout.types import EPISODE_STATUS, Rollout, RolloutState
+from agentic_rl.rollout.types import EPISODE_STATUS, Rollout, RolloutState, Segments
 from agentic_rl.rollout.workers import EnvWorkers, Outcome
 from agentic_rl.text.codec import Codec, Message, ToolCallError, pad_batch
 
@@ -97,6 +99,18 @@ class Episode:
   tag: Any = None
 
 
+@dataclasses.dataclass
+class _RowContext:
+  """Host-side record of one row's context (context management): its turns
+  in the current context, the segments its rewrites closed, and, while the
+  policy writes a summary, the observation waiting for the new context."""
+
+  turns: list[Turn] = dataclasses.field(default_factory=list)
+  segments: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
+  pending: tuple[list[int], str] | None = None  # (framed ids, text)
+  summary_from: int = -1  # where the kept part of a summary's context starts
+
+
 class HostLoop:
   """Runs :class:`TextEnv` episodes with jitted generation between steps.
 
@@ -111,13 +125,15 @@ class HostLoop:
     system_prompt: optional system message before the first observation.
     env_workers: environment calls running at once (threads).
     env_timeout_s: time limit of one ``reset`` or ``step`` call, or None.
+    context: what an episode does when its context is full
+      (:mod:`agentic_rl.rollout.context`); None truncates it.
   """
 
   def __init__(self, model_config: model_lib.TransformerConfig,
                sampling: SamplingConfig, codec: Codec, *, batch_size: int,
                max_obs_tokens: int = 128, system_prompt: str | None = None,
                obs_overflow: str = "end", env_workers: int = 1,
-               env_timeout_s: float | None = None):
+               env_timeout_s: float | None = None, context: ContextConfig | None = None):
     self.model_config = model_config.validate()
     self.sampling = sampling.validate()
     if batch_size < 1 or max_obs_tokens < 1:
@@ -134,6 +150,16 @@ class HostLoop:
     self.obs_overflow = obs_overflow
     self.system_prompt = system_prompt
     self.workers = EnvWorkers(env_workers, env_timeout_s)
+    self.context = (context or ContextConfig()).validate()
+    self._request = codec.frame_observation_ids(
+        codec.encode_text(self.context.summary_request), tool=False)
+    self._omitted = {t: codec.frame_observation_ids(codec.encode_text(context_lib.OMITTED),
+                                                    tool=t) for t in (True, False)}
+    self._contexts = [_RowContext() for _ in range(batch_size)]
+    if self.context.policy == "summary" and len(self._request) > max_obs_tokens + self._framing:
+      raise ValueError(f"the summary request is {len(self._request)} tokens framed, more than "
+                       f"an observation may be (max_obs_tokens={max_obs_tokens}); shorten "
+                       "context.summary_request or raise max_obs_tokens")
     self._blank = None
     options = model_lib.compiler_options()
     self._prefill = jax.jit(self._prefill_impl, donate_argnums=(3,),
@@ -227,15 +253,20 @@ class HostLoop:
       submit(b, "reset", lambda env=episode.env, seed=episode.seed: env.reset(int(seed)))
 
     def act(b, episode):
-      """Hands row b's closed action to its environment."""
+      """Hands row b's closed action to its environment (or, when it is a
+      summary the context asked for, rewrites the context with it)."""
       action = self._action_ids(host, b)
+      if self._contexts[b].pending is not None:
+        prefill_B[b] |= self._summarised(host, b, actor, episode.tag)
+        return
       tools = getattr(episode.env, "tools", None)
       try:
         tool_call = self.codec.parse_tool_call(action, tools) if tools else None
       except ToolCallError as e:  # the policy is told; the environment never sees it
         host.num_tool_errors_B[b] += 1
-        self._env_step(host, b, action, Outcome(value=(f"error: {e}", 0.0, False)), actor,
-                       episode.tag)
+        prefill_B[b] |= self._env_step(host, b, action,
+                                       Outcome(value=(f"error: {e}", 0.0, False)), actor,
+                                       episode.tag)
         return
       if tool_call is None:
         text = self.codec.action_text(action)
@@ -261,8 +292,8 @@ class HostLoop:
           if kind == "reset":
             prefill_B[b] = self._start(host, b, episodes[b], out, actor)
           else:
-            self._env_step(host, b, self._action_ids(host, b), _checked_step(out), actor,
-                           episodes[b].tag)
+            prefill_B[b] |= self._env_step(host, b, self._action_ids(host, b),
+                                           _checked_step(out), actor, episodes[b].tag)
         live = ~host.ended_B & ~host.awaiting_B
         if not live.any():
           continue
@@ -357,6 +388,7 @@ class HostLoop:
     s.key_B[b] = np.asarray(jax.random.key_data(episode.key))
     s.env_seconds_B[b] = out.seconds
     s.status_B[b], s.truncated_B[b] = status, status != 0
+    self._contexts[b] = _RowContext()
     if status:
       return False
     if actor is not None:
@@ -364,7 +396,21 @@ class HostLoop:
     return True
 
   def _row(self, s: RolloutState, b: int) -> Rollout:
-    return jax.tree.map(np.asarray, jax.tree.map(lambda x: x[b:b + 1].copy(), s).to_rollout())
+    row = jax.tree.map(np.asarray, jax.tree.map(lambda x: x[b:b + 1].copy(), s).to_rollout())
+    if not self.context.enabled:
+      return row
+    K, T = self.context.max_resets, s.tokens_BxT.shape[1]
+    closed = self._contexts[b].segments
+    blank = {"tokens": np.full(T, self.ids.pad, np.int32), "loss_mask": np.zeros(T, np.float32),
+             "behaviour_logp": np.zeros(T, np.float32), "entropy": np.zeros(T, np.float32),
+             "version": np.full(T, -1, np.int32)}
+    stack = lambda name: np.stack(  # noqa: E731
+        [seg[name] for seg in closed] + [blank[name]] * (K - len(closed)))[None]
+    return row.replace(segments=Segments(
+        **{f"{name}_BxKxT": stack(name) for name in blank},
+        length_BxK=np.array([[seg["length"] for seg in closed] + [0] * (K - len(closed))],
+                            np.int32),
+        count_B=np.array([len(closed)], np.int32)))
 
   def _prompt_messages(self, observation: str) -> list[Message]:
     """The system prompt, if any, and the first observation."""
@@ -376,8 +422,9 @@ class HostLoop:
     return s.tokens_BxT[b, cur + 1 - seg:cur + 1]
 
   def _env_step(self, s: RolloutState, b: int, action_ids: np.ndarray, out: Outcome,
-                actor: Actor | None, tag: Any):
-    """Applies row b's environment step ``out`` (numpy state, in place)."""
+                actor: Actor | None, tag: Any) -> bool:
+    """Applies row b's environment step ``out`` (numpy state, in place);
+    True when its context was rewritten (its cache must be rebuilt)."""
     T = s.tokens_BxT.shape[1]
     cur = int(s.cur_B[b])
     s.seg_len_B[b] = 0
@@ -390,35 +437,124 @@ class HostLoop:
     s.env_seconds_B[b] += out.seconds
     if failure := _failure(out):
       s.status_B[b], s.truncated_B[b] = failure, True
-      return
+      return False
     obs, reward, done = out.value
     s.reward_B[b] += reward
     if s.num_actions_B[b] - 1 < s.turn_rewards_BxC.shape[1]:
       s.turn_rewards_BxC[b, s.num_actions_B[b] - 1] += reward
     if done:
       s.done_B[b] = True
-      return
+      return False
     obs_ids = self.codec.encode_text(obs)
     if len(obs_ids) > self.max_obs_tokens:
       if self.obs_overflow == "end":
         s.status_B[b], s.truncated_B[b] = _STATUS["obs_overflow"], True
-        return
+        return False
       obs_ids = obs_ids[:self.max_obs_tokens]
       s.obs_clipped_B[b] += 1
     framed = self.codec.frame_observation_ids(obs_ids, tool=called)
     if len(framed) > s.queue_BxQ.shape[1]:  # re-tokenised with its framing, it grew
       s.status_B[b], s.truncated_B[b] = _STATUS["obs_overflow"], True
-      return
-    # The framed observation and one more policy token must fit.
-    if s.num_actions_B[b] >= self.sampling.max_turns or cur + len(framed) + 1 > T - 1:
+      return False
+    if s.num_actions_B[b] >= self.sampling.max_turns:
       s.truncated_B[b] = True
-      return
+      return False
+    turn = Turn(cur + 1 - len(action_ids), cur + 1, cur + 1, called)
+    if cur + len(framed) + self._reserve(b) > T - 1:  # the context is full
+      return self._overflow(s, b, turn, framed, obs, actor, tag)
+    self._observe(s, b, turn, framed, obs, actor, tag)
+    return False
+
+  def _reserve(self, b: int) -> int:
+    """Room a queued observation must leave: one policy token, and with the
+    summary policy (while rewrites remain) the next action, the request and
+    the summary."""
+    c = self.context
+    if c.policy != "summary" or len(self._contexts[b].segments) >= c.max_resets:
+      return 1
+    return 2 * self.sampling.max_new_tokens_per_turn + len(self._request)
+
+  def _observe(self, s: RolloutState, b: int, turn: Turn, framed: Sequence[int], obs: str,
+               actor: Actor | None, tag: Any):
+    """Queues row b's framed observation, answer to ``turn``'s action."""
     s.queue_BxQ[b] = self.ids.pad
     s.queue_BxQ[b, :len(framed)] = framed
     s.queue_len_B[b] = len(framed)
     s.queue_pos_B[b] = 0
+    self._contexts[b].turns.append(dataclasses.replace(turn, obs_end=turn.obs_start + len(framed)))
     if actor is not None:
       self._script(s, b, actor(tag, obs))
+
+  def _overflow(self, s: RolloutState, b: int, turn: Turn, framed: list[int], obs: str,
+                actor: Actor | None, tag: Any) -> bool:
+    """Row b's observation does not fit: truncates the episode, asks for a
+    summary, or rewrites the context; True when its cache must be rebuilt."""
+    c, ctx, T = self.context, self._contexts[b], s.tokens_BxT.shape[1]
+    cur = int(s.cur_B[b])
+    if not c.enabled or len(ctx.segments) >= c.max_resets:
+      s.truncated_B[b] = True
+      return False
+    if c.policy == "summary":
+      if cur + len(self._request) + 1 > T - 1:
+        s.truncated_B[b] = True
+        return False
+      ctx.pending, ctx.summary_from = (framed, obs), turn.action_start
+      self._observe(s, b, turn, self._request, c.summary_request, actor, tag)
+      return False
+    pieces = context_lib.kept_pieces(c, int(s.prompt_len_B[b]), ctx.turns + [turn])
+    return self._rewrite(s, b, pieces, framed, obs, actor, tag)
+
+  def _summarised(self, s: RolloutState, b: int, actor: Actor | None, tag: Any) -> bool:
+    """Row b's policy closed its summary: the new context keeps the task and
+    everything from the last action on (the request and the summary), then
+    the observation that did not fit."""
+    ctx = self._contexts[b]
+    (framed, obs), start = ctx.pending, ctx.summary_from
+    ctx.pending = None
+    s.seg_len_B[b], s.awaiting_B[b] = 0, False
+    pieces = [Piece(0, int(s.prompt_len_B[b]), "task"),
+              Piece(start, int(s.cur_B[b]) + 1, "action")]
+    return self._rewrite(s, b, pieces, framed, obs, actor, tag)
+
+  def _rewrite(self, s: RolloutState, b: int, pieces: Sequence[Piece], framed: list[int],
+               obs: str, actor: Actor | None, tag: Any) -> bool:
+    """Closes row b's segment and starts a new context from ``pieces``, then
+    the observation ``framed``; True (the cache must be rebuilt), or False
+    with the episode truncated when even that does not fit."""
+    T, ctx = s.tokens_BxT.shape[1], self._contexts[b]
+    ids, turn_ids, turns = [], [], []
+    for piece in pieces:
+      if piece.role == "action":
+        end = len(ids) + piece.end - piece.start
+        turns.append(Turn(len(ids), end, end))
+      if piece.role == "omitted":
+        part = self._omitted[piece.tool]
+        turn_ids += [int(s.turn_BxT[b, piece.start])] * len(part)
+      else:
+        part = s.tokens_BxT[b, piece.start:piece.end].tolist()
+        turn_ids += s.turn_BxT[b, piece.start:piece.end].tolist()
+      ids += list(part)
+      if piece.role in ("obs", "omitted"):
+        turns[-1] = dataclasses.replace(turns[-1], obs_end=len(ids), tool=piece.tool)
+    if len(ids) + len(framed) + 1 > T - 1:
+      s.truncated_B[b] = True
+      return False
+    cur = int(s.cur_B[b])
+    ctx.segments.append({
+        "tokens": s.tokens_BxT[b].copy(), "loss_mask": s.loss_mask_BxT[b].copy(),
+        "behaviour_logp": s.logp_BxT[b].copy(), "entropy": s.entropy_BxT[b].copy(),
+        "version": s.version_BxT[b].copy(), "length": cur + 1})
+    n = len(ids)
+    s.tokens_BxT[b] = self.ids.pad
+    s.tokens_BxT[b, :n] = ids
+    s.turn_BxT[b] = 0
+    s.turn_BxT[b, :n] = turn_ids
+    s.loss_mask_BxT[b], s.logp_BxT[b], s.entropy_BxT[b], s.version_BxT[b] = 0, 0, 0, -1
+    s.cur_B[b] = n - 1
+    ctx.turns = turns[:-1]  # the last one's observation is queued next
+    last = turns[-1] if turns else Turn(n, n, n)
+    self._observe(s, b, Turn(last.action_start, n, n, last.tool), framed, obs, actor, tag)
+    return True
 
   def _script(self, s: RolloutState, b: int, action: str):
     ids = self.codec.tokenizer.encode(action)

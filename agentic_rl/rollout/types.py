@@ -55,6 +55,9 @@ class Rollout:
       episode the environment played to its end or to a limit; otherwise
       why a host environment ended it (the episode is truncated then).
     obs_clipped_B: int32 observations clipped to ``max_obs_tokens``.
+    segments: the earlier contexts of episodes whose context was rewritten
+      (:mod:`agentic_rl.rollout.context`), or None without context
+      management; the fields above describe the final context.
   """
 
   tokens_BxT: jax.Array
@@ -78,6 +81,28 @@ class Rollout:
   finished_B: jax.Array
   status_B: jax.Array
   obs_clipped_B: jax.Array
+  segments: Segments | None = None
+
+
+@struct.dataclass
+class Segments:
+  """The earlier contexts (segments) of each episode, K at most.
+
+  Segment ``k < count_B`` of row b is the context the policy acted in
+  before the ``k + 1``-th rewrite: its tokens, with the policy's tokens
+  marked and their behaviour log-probs, entropies and versions, as the
+  :class:`Rollout` fields of the same names hold them for the final
+  context (``[B, K, T]``; unused segments are padding with mask 0).
+  ``length_BxK`` is each segment's token count.
+  """
+
+  tokens_BxKxT: jax.Array
+  loss_mask_BxKxT: jax.Array
+  behaviour_logp_BxKxT: jax.Array
+  entropy_BxKxT: jax.Array
+  version_BxKxT: jax.Array
+  length_BxK: jax.Array
+  count_B: jax.Array
 
 
 # Why an episode ended, beyond the environment's own decision and the limits

@@ -23,6 +23,7 @@ from agentic_rl.envs.remote import ENV_POOLS
 from agentic_rl.invariants import exploration, shift, signal
 from agentic_rl.invariants.alarms import Band
 from agentic_rl.kernels import backends
+from agentic_rl.rollout.context import ContextConfig
 from agentic_rl.rollout.host import OBS_OVERFLOW
 from agentic_rl.rollout.sampling import SamplingConfig
 from agentic_rl.text import load_codec
@@ -97,6 +98,11 @@ def check_logprob_impl(cfg) -> str:
 def toggle_config(stage) -> objectives.toggle.ToggleConfig:
   """An RL stage's Toggle settings (``config.<stage>.toggle``), validated."""
   return objectives.toggle.ToggleConfig(**stage.get("toggle", {})).validate()
+
+
+def context_config(cfg) -> ContextConfig:
+  """What an episode does when its context is full (``config.context``)."""
+  return ContextConfig(**cfg.get("context", {})).validate()
 
 
 def sampling_config(cfg, **overrides) -> SamplingConfig:
@@ -293,6 +299,11 @@ def _validate_host_tasks(cfg) -> None:
       _err(f"{where}: {type(env).__name__}.tools must be a list of JSON schemas, each a dict "
            'with a "name" (and "description", "parameters")')
   sft = [name for name in cfg.stages if cfg[name].kind == "sft"]
+  if (sft and context_config(cfg).policy == "summary"
+      and not callable(getattr(env, "summary", None))):
+    _err(f"{where}: with context.policy='summary' the SFT stage {sft[0]!r} needs the "
+         f"summaries of its demonstrations, and {type(env).__name__} has no "
+         "summary(observations) -> str; give it one or train with RL only (--config.stages=rl)")
   if sft and not callable(getattr(env, "demonstration", None)):
     _err(f"{where}: the SFT stage {sft[0]!r} needs demonstrations, and "
          f"{type(env).__name__} has no demonstration(seed) -> list of actions; train with RL "
@@ -312,6 +323,29 @@ def _validate_host_tasks(cfg) -> None:
     if cfg[name].kind == "rl" and exploration_config(cfg[name]).scheduled_temperature:
       _err(f"config.{name}.exploration.temperature_schedule: host environments sample at "
            f"one temperature (config.{name}.temperature); keep the schedule 'constant'")
+
+
+def _validate_context(cfg) -> None:
+  """``config.context``: its values, and a task source and objectives that
+  can use it."""
+  try:
+    ctx = context_config(cfg)
+  except (TypeError, ValueError) as e:
+    _err(f"config.context: {e}")
+  if not ctx.enabled:
+    return
+  if cfg.tasks.get("source", "jax") != "host":
+    _err(f"config.context.policy={ctx.policy!r}: contexts are rewritten between the host "
+         "loop's jitted segments; set --config.tasks.source=host (the built-in long-horizon "
+         "family is --config.tasks.host_env=ledger, or --config=experiments/configs/"
+         "default.py:ledger), or keep context.policy='none'")
+  for name in cfg.stages:
+    stage = cfg[name]
+    if stage.kind == "rl" and "turn_rewards" in objectives.required_inputs(
+        objective_config(stage)):
+      _err(f"config.{name}.advantage={stage.advantage!r} gives per-token advantages by turn, "
+           "which a rewritten context splits over segments; with context management use an "
+           "estimator of whole episodes (grpo, rloo, ...) or keep context.policy='none'")
 
 
 def _validate_init_from(cfg, path: str) -> None:
@@ -380,6 +414,7 @@ def _validate(cfg) -> None:
     _err(f"config.tasks.rewards: {e}")
   if init_from := cfg.model.get("init_from", ""):
     _validate_init_from(cfg, init_from)
+  _validate_context(cfg)
   model_cfg = model_config(cfg)
   check_logprob_impl(cfg)
   sampling_config(cfg)

@@ -28,6 +28,7 @@ import numpy as np
 
 from agentic_rl import model as model_lib
 from agentic_rl.model import hf, lora
+from agentic_rl.rollout.context import scored_rows
 
 DEPLOY_CHECK = ("auto", "on", "off")
 # What a checkpoint directory holds besides its weights and config.json.
@@ -96,7 +97,8 @@ def deploy_check(run, params, out: str, num_prompts: int) -> dict[str, float]:
   cfg, config = run.cfg, run.model_config
   ro = run.rollout(params, config_lib.sampling_config(cfg), "test", np.arange(num_prompts),
                    jax.random.key(cfg.seed), 0, cfg.eval.batch_rows)
-  tokens, mask = np.asarray(ro.tokens_BxT), np.asarray(ro.loss_mask_BxT)[:, 1:] > 0
+  rows = scored_rows(ro)  # every context an episode was played in
+  tokens, mask = rows["tokens_RxT"], rows["loss_mask_RxT"][:, 1:] > 0
   full = jax.tree.map(lambda x: np.asarray(x, np.float32), jax.device_get(params))
   fp32 = dataclasses.replace(config, dtype="float32", param_dtype="float32")
   with jax.default_matmul_precision("float32"):

@@ -42,6 +42,8 @@ import numpy as np
 from agentic_rl import objectives
 from agentic_rl.invariants import exploration, shift, signal
 from agentic_rl.objectives import GroupLayout, toggle
+from agentic_rl.rollout import context
+from agentic_rl.rollout.context import ScoredRows
 from agentic_rl.rollout.sampling import SamplingConfig
 from agentic_rl.rollout.types import EPISODE_STATUS, FAILED_STATUS, Rollout
 from agentic_rl.train import checkpoint as checkpoint_lib
@@ -290,8 +292,9 @@ def _shape(rl: RLStage, ro: Rollout) -> tuple[np.ndarray, np.ndarray]:
 
 
 def policy_tokens(ro: Rollout) -> np.ndarray:
-  """int ``[B]``: the tokens each rollout's policy wrote, ``|y|``."""
-  return (np.asarray(ro.loss_mask_BxT) > 0).sum(axis=1)
+  """int ``[B]``: the tokens each rollout's policy wrote, ``|y|`` (over all
+  its context segments)."""
+  return context.policy_tokens(ro)
 
 
 def shape_rewards(rl: RLStage, collected: Collected, budget_N: np.ndarray | None = None
@@ -350,11 +353,13 @@ def compute_advantages(rl: RLStage, collected: Collected, shaped: Shaped) -> np.
 
 
 # ------------------------------------------------------------------ 4. score and weight
-def score_and_weight(run: Run, rl: RLStage, state: learner.TrainState, collected: Collected,
+def score_and_weight(run: Run, rl: RLStage, state: learner.TrainState, rows: ScoredRows,
                      shaped: Shaped, advantages: np.ndarray, entropy_coef: float,
                      tau: float) -> tuple[dict[str, jax.Array], dict[str, float]]:
-  """The learner's batch on the mesh: tokens, per-token loss weights (the
-  shift controller's, times the sequence weights), advantages, behaviour
+  """The learner's batch on the mesh, one row per scored sequence
+  (``rows``: each episode's contexts, :func:`agentic_rl.rollout.context.
+  scored_rows`): tokens, per-token loss weights (the shift controller's,
+  times the episode's sequence weight), the episode's advantages, behaviour
   log-probs and the controllers' settings as per-row arrays; with
   ``score_fn``, also the learner's log-probs before the first update. Returns
   ``(learn_batch, shift_stats)``.
@@ -362,17 +367,16 @@ def score_and_weight(run: Run, rl: RLStage, state: learner.TrainState, collected
   Staleness is counted in learner updates: the lag of each token behind the
   learner when the batch's first update begins.
   """
-  batch = collected.batch
   weights, shift_stats = shift.shift_weights(
-      rl.shift_cfg, batch.loss_mask_BxT, batch.version_BxT, int(state.step))
-  B = batch.tokens_BxT.shape[0]
+      rl.shift_cfg, rows["loss_mask_RxT"], rows["version_RxT"], int(state.step))
+  R = rows.num_rows
   learn_batch = sharding.shard_batch({
-      "tokens_BxT": jnp.asarray(batch.tokens_BxT),
-      "loss_mask_BxT": weights * (shaped.seq_weight_B * shaped.valid_B)[:, None],
-      "advantages": jnp.asarray(advantages, jnp.float32),
-      "behaviour_logp_BxT": jnp.asarray(batch.behaviour_logp_BxT),
-      "entropy_coef_B": jnp.full((B,), entropy_coef, jnp.float32),
-      "temperature_B": jnp.full((B,), tau, jnp.float32)}, run.mesh)
+      "tokens_BxT": jnp.asarray(rows["tokens_RxT"]),
+      "loss_mask_BxT": weights * rows.per_row(shaped.seq_weight_B * shaped.valid_B)[:, None],
+      "advantages": jnp.asarray(rows.per_row(advantages), jnp.float32),
+      "behaviour_logp_BxT": jnp.asarray(rows["behaviour_logp_RxT"]),
+      "entropy_coef_B": jnp.full((R,), entropy_coef, jnp.float32),
+      "temperature_B": jnp.full((R,), tau, jnp.float32)}, run.mesh)
   if rl.score_fn is not None:
     learn_batch.update(rl.score_fn(state.params, state.ref_params, learn_batch["tokens_BxT"],
                                    jnp.float32(tau)))
@@ -383,8 +387,8 @@ def score_and_weight(run: Run, rl: RLStage, state: learner.TrainState, collected
 @dataclasses.dataclass(frozen=True)
 class Learned:
   """What the updates report: each step's metrics (on the host), the
-  learner's log-probs and entropy at the iteration's start ``[B, T]``, and
-  the wall time."""
+  learner's log-probs and entropy at the iteration's start (``[R, T]``, the
+  scored rows), and the wall time."""
 
   metrics: list[dict[str, float]]
   old_logp_BxT: np.ndarray
@@ -412,14 +416,17 @@ def update(rl: RLStage, state: learner.TrainState, learn_batch: dict[str, jax.Ar
 
 
 # ------------------------------------------------------------------ 6. invariant metrics
-def invariant_metrics(run: Run, rl: RLStage, collected: Collected, shaped: Shaped,
-                      advantages: np.ndarray, learn_batch: dict[str, jax.Array],
+def invariant_metrics(run: Run, rl: RLStage, collected: Collected, rows: ScoredRows,
+                      shaped: Shaped, advantages: np.ndarray, learn_batch: dict[str, jax.Array],
                       shift_stats: dict[str, float], learned: Learned, version: int,
                       controls: Controls, tau: float) -> dict[str, float]:
   """The iteration's record: rewards, ``explore/*``, ``signal/*``,
   ``shift/*``, ``learner/*``, ``episode/*`` and ``perf/*`` (docs/metrics.md).
-  ``version`` is the learner's step when the batch's first update began."""
+  ``version`` is the learner's step when the batch's first update began.
+  Shift and learner metrics cover every scored row (``rows``); exploration
+  and signal metrics each episode's final context (the first B rows)."""
   batch, layout, sampled = collected.batch, collected.layout, collected.sampled
+  B = batch.tokens_BxT.shape[0]
   success = collected.success_B
   loss_mask = np.asarray(batch.loss_mask_BxT)
   metrics = {"reward/mean": float(shaped.rewards_B.mean())}
@@ -440,16 +447,16 @@ def invariant_metrics(run: Run, rl: RLStage, collected: Collected, shaped: Shape
                                                  success, **ragged))
   metrics.update(signal.signal_metrics(success, advantages, loss_mask,
                                        loss_weight_BxT=sharding.to_host(
-                                           learn_batch["loss_mask_BxT"]),
+                                           learn_batch["loss_mask_BxT"])[:B],
                                        **layout.monitor_kwargs()))
   metrics.update(sampled.metrics)
   metrics["signal/prompt_difficulty"] = float(np.mean(
       run.tasks.difficulty_of(sampled.prompt_ids)))
-  metrics.update(shift.shift_metrics(loss_mask, batch.behaviour_logp_BxT,
-                                     learned.old_logp_BxT, batch.version_BxT, version))
+  metrics.update(shift.shift_metrics(rows["loss_mask_RxT"], rows["behaviour_logp_RxT"],
+                                     learned.old_logp_BxT, rows["version_RxT"], version))
   metrics.update(shift_stats)
   metrics.update({"explore/entropy_coef": controls.entropy_coef, "explore/temperature": tau})
-  mask = loss_mask > 0
+  mask = rows["loss_mask_RxT"] > 0
   metrics["learner/entropy"] = float(np.sum(learned.entropy_BxT * mask) / max(mask.sum(), 1))
   metrics.update(learned.metrics[-1])
   metrics.update({
@@ -459,6 +466,7 @@ def invariant_metrics(run: Run, rl: RLStage, collected: Collected, shaped: Shape
       "episode/truncated": float(np.mean(batch.truncated_B)),
       "episode/length": float(np.mean(batch.length_B)),
       **episode_health(sampled.generated),
+      **context.context_metrics(batch),
       "perf/rollout_tokens_per_s": int(sampled.generated.loss_mask_BxT.sum())
                                    / max(collected.seconds, 1e-9),
       "perf/learner_tokens_per_s": rl.updates_per_batch * float(np.sum(batch.length_B))
@@ -509,11 +517,12 @@ def rl_iteration(run: Run, rl: RLStage, state: learner.TrainState, collected: Co
   shaped = shape_rewards(rl, collected, controls.budget)
   advantages = compute_advantages(rl, collected, shaped)
   version = int(state.step)
-  learn_batch, shift_stats = score_and_weight(run, rl, state, collected, shaped, advantages,
+  rows = context.scored_rows(collected.batch)
+  learn_batch, shift_stats = score_and_weight(run, rl, state, rows, shaped, advantages,
                                               controls.entropy_coef, tau)
   state, learned = update(rl, state, learn_batch)
-  metrics = invariant_metrics(run, rl, collected, shaped, advantages, learn_batch, shift_stats,
-                              learned, version, controls, tau)
+  metrics = invariant_metrics(run, rl, collected, rows, shaped, advantages, learn_batch,
+                              shift_stats, learned, version, controls, tau)
   controls = next_controls(rl, controls, collected, metrics)
   metrics["shift/staleness_bound"] = float(controls.staleness.bound)
   return state, controls, metrics

@@ -31,6 +31,7 @@ from agentic_rl.envs import scripted
 from agentic_rl.envs.host import HostTasks
 from agentic_rl.envs.tasks import Tasks
 from agentic_rl.invariants import exploration
+from agentic_rl.rollout.context import policy_tokens, scored_rows
 from agentic_rl.rollout.engine import RolloutEngine, prompt_group_size
 from agentic_rl.rollout.host import HostLoop
 from agentic_rl.rollout.sampling import SamplingConfig
@@ -137,7 +138,7 @@ class Run:
     cfg = self.cfg
     comps, term_B = rewards_lib.host_components(
         success=np.asarray(ro.reward_B) > cfg.tasks.success_threshold,
-        calls=ro.num_tool_calls_B, tokens=(np.asarray(ro.loss_mask_BxT) > 0).sum(axis=1),
+        calls=ro.num_tool_calls_B, tokens=policy_tokens(ro),
         seconds=ro.env_seconds_B, max_turns=cfg.sampling.max_turns,
         max_action_len=cfg.sampling.max_new_tokens_per_turn,
         config=rewards_lib.RewardConfig.from_mapping(cfg.tasks.rewards))
@@ -155,7 +156,8 @@ class Run:
       t = self.cfg.tasks
       loop = HostLoop(self.model_config, sampling, self.codec, batch_size=rows,
                       max_obs_tokens=t.max_obs_tokens, obs_overflow=t.obs_overflow,
-                      env_workers=t.env_workers, env_timeout_s=t.env_timeout_s or None)
+                      env_workers=t.env_workers, env_timeout_s=t.env_timeout_s or None,
+                      context=config_lib.context_config(self.cfg))
       self.engines[key] = (loop, [self.tasks.make() for _ in range(rows)])
     return self.engines[key]
 
@@ -166,7 +168,10 @@ class Run:
     (:func:`agentic_rl.envs.demonstration_batch`). Host environments: each
     one's ``demonstration(seed)`` actions, played through the host loop (so
     a demonstration is exactly the stream a rollout would record) on the
-    demonstration seeds; episodes that do not end done are left out.
+    demonstration seeds; episodes that do not end done are left out. With
+    context management every segment of an episode is a row of its own, and
+    a summary the context asks for is the environment's
+    ``summary(observations)``.
     """
     T = self.cfg.sampling.max_total_tokens
     if not self.host:
@@ -175,12 +180,17 @@ class Run:
     rows = min(stage.num_demos, self.cfg.eval.batch_rows)
     sampling = config_lib.sampling_config(self.cfg, greedy=True)
     demo_env = self.tasks.make()
+    request = config_lib.context_config(self.cfg).summary_request
     tokens, masks = [], []
     for start in range(0, stage.num_demos, rows):
       seeds = self.tasks.seeds("demo", np.arange(start, start + rows))
       scripts = [list(demo_env.demonstration(int(s))) for s in seeds]
+      seen = [[] for _ in seeds]
 
-      def actor(b, obs, scripts=scripts, seeds=seeds):
+      def actor(b, obs, scripts=scripts, seeds=seeds, seen=seen):
+        if obs == request:
+          return demo_env.summary(list(seen[b]))
+        seen[b].append(obs)
         if not scripts[b]:
           raise ValueError(f"host_env={self.cfg.tasks.host_env!r}: demonstration("
                            f"{int(seeds[b])}) ran out of actions before the episode ended")
@@ -189,8 +199,10 @@ class Run:
       ro = self._rollout_rows(params, sampling, "demo", np.arange(start, start + rows),
                               jax.random.fold_in(key, start), 0, None, actor=actor)
       keep = np.asarray(ro.done_B) & (np.asarray(ro.status_B) == 0)
-      tokens.append(np.asarray(ro.tokens_BxT)[keep])
-      masks.append(np.asarray(ro.loss_mask_BxT)[keep])
+      scored = scored_rows(ro)
+      keep_R = scored.per_row(keep, fill=False)
+      tokens.append(scored["tokens_RxT"][keep_R])
+      masks.append(scored["loss_mask_RxT"][keep_R])
     if not sum(len(t) for t in tokens):
       raise ValueError(f"no demonstration of host_env={self.cfg.tasks.host_env!r} ended done "
                        f"within max_total_tokens={T} and max_turns={self.cfg.sampling.max_turns}")

@@ -10,7 +10,8 @@ new name and listing it.
 
 Variants (the ``:arg`` suffix, comma-separated): ``tiny`` (seconds, for tests),
 ``calc`` (calculator chains only), ``offpolicy`` (``max_staleness=2`` with
-truncated importance sampling).
+truncated importance sampling), ``ledger`` (the long-horizon host family
+whose tool results outgrow the context: ``--config.context.policy``).
 """
 
 import dataclasses
@@ -20,6 +21,7 @@ from ml_collections.config_dict import placeholder
 
 from agentic_rl import objectives
 from agentic_rl.invariants import shift, signal
+from agentic_rl.rollout import context
 
 
 def _fields(cls, exclude=(), **overrides) -> ml_collections.ConfigDict:
@@ -129,10 +131,10 @@ def _rl_stage() -> ml_collections.ConfigDict:
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
   variants = {a for a in arg.split(",") if a}
-  unknown = variants - {"tiny", "calc", "offpolicy"}
+  unknown = variants - {"tiny", "calc", "offpolicy", "ledger"}
   if unknown:
     raise ValueError(f"unknown config variant(s) {sorted(unknown)}; "
-                     "valid: tiny, calc, offpolicy")
+                     "valid: tiny, calc, offpolicy, ledger")
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.model = ml_collections.ConfigDict(dict(
@@ -195,6 +197,15 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   ))
   c.sampling = ml_collections.ConfigDict(dict(
       max_turns=6, max_new_tokens_per_turn=24, max_total_tokens=160))
+  # What an episode does when its context (max_total_tokens) is full
+  # (agentic_rl/rollout/context.py; host environments): "none" truncates it;
+  # "drop_tool_results" keeps only the last keep_tool_results observations,
+  # "summary" has the policy summarise (after summary_request), "discard_all"
+  # restarts from the task and the last turn. Each rewrite starts a new
+  # segment the learner scores as the policy saw it; at most max_resets.
+  c.context = ml_collections.ConfigDict(dict(
+      policy="none", keep_tool_results=2, max_resets=4,
+      summary_request=context.SUMMARY_REQUEST))
   c.eval = ml_collections.ConfigDict(dict(
       every=20, num_prompts=128, pass_k=4, pass_k_prompts=32, batch_rows=128))
   # After the last step: export the policy and score held-out episodes with
@@ -213,6 +224,14 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
 
   if "calc" in variants:
     c.tasks.families, c.tasks.weights = ("calc_chain",), (1.0,)
+  if "ledger" in variants:
+    # The long-horizon family (agentic_rl/envs/text_games.py: Ledger): ten
+    # actions whose tool results outgrow the context; pick a context policy
+    # with --config.context.policy.
+    c.tasks.update(source="host", host_env="ledger", max_obs_tokens=24,
+                   host_kwargs='{"entries": 10, "min_entries": 2}')
+    c.sampling.update(max_turns=12, max_new_tokens_per_turn=12, max_total_tokens=224)
+    c.context.max_resets = 6
   if "offpolicy" in variants:
     c.rl.max_staleness = 2
     c.rl.correction = "tis"
