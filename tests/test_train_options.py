@@ -133,3 +133,49 @@ def test_adaptive_staleness_tightens_the_actors_bound(tmp_path, monkeypatch):
   lags = [r["shift/staleness_max"] for r in records]
   assert lags[0] == 0 and lags[1] <= 1 and lags[2:] == [0, 0]
   assert isinstance(original(cfg.rl), shift.ShiftConfig)
+
+
+def test_share_prefix_gives_the_losses_of_the_plain_learner(tmp_path, monkeypatch):
+  """Two updates per batch (the scoring pass and the step) with a KL
+  reference: the shared-prefix learner runs the prompt once per group, and
+  every loss, gradient norm and KL equals the plain learner's."""
+  from agentic_rl.model import prefix  # pylint: disable=import-outside-toplevel
+  seen, forward_hidden = [], prefix.forward_hidden
+
+  def spy(*args, prefix_len, **kwargs):
+    seen.append(prefix_len)
+    return forward_hidden(*args, prefix_len=prefix_len, **kwargs)
+
+  monkeypatch.setattr(prefix, "forward_hidden", spy)
+  runs = {}
+  for share in (False, True):
+    cfg = _rl_only()
+    cfg.rl.update(share_prefix=share, updates_per_batch=2, kl_coef=0.01)
+    runs[share] = _rl_records(cfg, tmp_path / str(share))
+    assert bool(seen) == share
+  # The shared length is a bucket of the prompts (about 80 tokens of 160).
+  assert min(seen) >= 32
+  plain, shared = runs[False], runs[True]
+  assert len(plain) == len(shared) == 3
+  for p, s in zip(plain, shared):
+    for k in ("learner/loss", "learner/pg_loss", "learner/grad_norm", "shift/kl_reference",
+              "shift/kl_behaviour_learner", "learner/entropy"):
+      np.testing.assert_allclose(s[k], p[k], rtol=1e-5, atol=1e-7, err_msg=f"{k} at {p['step']}")
+    assert s["reward/mean"] == p["reward/mean"]  # the same rollouts
+  assert any(r["learner/grad_norm"] > 0 for r in plain)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda c: c.rl.update(share_prefix=True, group_size=1, advantage="reinforce_pp"),
+     "group_size=1 makes groups of one rollout"),
+    (lambda c: (c.rl.update(share_prefix=True, advantage="rloo"),
+                c.rl.signal.update(allocation="knapsack")), "allocation='knapsack'"),
+    (lambda c: (c.rl.update(share_prefix=True, prompts_per_step=3),
+                c.update(micro_batches=2)), "splits the 3 groups"),
+])
+def test_share_prefix_refuses_groups_it_cannot_share(edit, match):
+  from agentic_rl.train import config as config_lib  # pylint: disable=import-outside-toplevel
+  cfg = default.get_config("tiny")
+  edit(cfg)
+  with pytest.raises(config_lib.ConfigError, match=match):
+    config_lib.validate(cfg)

@@ -269,6 +269,15 @@ def _validate_rl_stage(name: str, stage, model_cfg, levels, host: bool) -> None:
          "(the learner scores a scheduled temperature by scaling hidden states)")
   if stage.max_staleness < 0:
     _err(f"config.{name}.max_staleness must be >= 0, got {stage.max_staleness}")
+  share_prefix = stage.get("share_prefix", False)
+  if share_prefix and stage.group_size < 2:
+    _err(f"config.{name}.share_prefix runs the prompt a group's rollouts share once per "
+         f"group, and group_size=1 makes groups of one rollout; set "
+         f"--config.{name}.group_size >= 2 or --config.{name}.share_prefix=False")
+  if share_prefix and signal_cfg.allocation == "knapsack":
+    _err(f"config.{name}.share_prefix needs groups of group_size rows, and "
+         f"allocation='knapsack' makes groups of per-prompt sizes; use another "
+         f"--config.{name}.signal.allocation or --config.{name}.share_prefix=False")
 
 
 def _validate_host_tasks(cfg) -> None:
@@ -445,6 +454,11 @@ def _validate(cfg) -> None:
     if rows % cfg.micro_batches:
       _err(f"config.{name}: a batch of {rows} rows does not split into "
            f"config.micro_batches={cfg.micro_batches}; make it a multiple")
+    if stage.get("share_prefix") and stage.prompts_per_step % cfg.micro_batches:
+      _err(f"config.{name}.share_prefix needs whole groups in every micro-batch, and "
+           f"config.micro_batches={cfg.micro_batches} splits the {stage.prompts_per_step} "
+           f"groups (prompts_per_step) unevenly; make prompts_per_step a multiple of "
+           f"micro_batches or set --config.{name}.share_prefix=False")
     try:
       sharding.check_batch_divides(rows, mesh)
     except ValueError as e:

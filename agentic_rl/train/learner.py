@@ -15,7 +15,11 @@ into a pure ``step(state, batch) -> (state, metrics, outputs)`` that
 
 The SFT and RL losses below share the model's one scoring path,
 :func:`sequence_logprobs`, which the rollout engine's consistency check uses
-too.
+too. With a group size (``rl_loss(group_size=G)``, ``shard_train_step(...,
+group_size=G)``) the RL step, its reference scores and the scoring pass run
+the prefix that each group of G consecutive rows shares once
+(:mod:`agentic_rl.model.prefix`): the step finds the shared length on the host
+(:func:`shared_prefix_len`) and compiles once per length bucket.
 """
 
 from __future__ import annotations
@@ -29,8 +33,11 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+import numpy as np
+
 from agentic_rl import objectives
 from agentic_rl.model import lora
+from agentic_rl.model import prefix
 from agentic_rl.model.scoring import sequence_logprobs
 
 Batch = Mapping[str, jax.Array]
@@ -38,7 +45,8 @@ Metrics = dict[str, jax.Array]
 # loss_fn(params, batch, norm) -> (loss, (metrics, outputs)); outputs hold
 # per-row arrays ``[b, ...]`` (no gradient) that the step returns whole. The
 # losses below also take ``layer_params_constraint=`` (the model forward's,
-# passed on by the step where the layout needs it: :func:`shard_train_step`).
+# passed on by the step where the layout needs it: :func:`shard_train_step`)
+# and the RL loss ``prefix_len=`` (static; the step passes it when not 0).
 LossFn = Callable[..., tuple[jax.Array, tuple[Metrics, Batch]]]
 
 
@@ -108,7 +116,8 @@ def _metric_name(key: str) -> str | None:
 
 def rl_loss(model_config, objective: objectives.ObjectiveConfig, *,
             temperature: float = 1.0, logprob_impl: str = "xla",
-            adaptive_entropy: bool = False, scheduled_temperature: bool = False) -> LossFn:
+            adaptive_entropy: bool = False, scheduled_temperature: bool = False,
+            group_size: int = 1) -> LossFn:
   """The configured policy loss on a rollout batch.
 
   ``batch`` holds ``tokens_BxT``, ``loss_mask_BxT`` (the per-token loss
@@ -124,16 +133,23 @@ def rl_loss(model_config, objective: objectives.ObjectiveConfig, *,
   temperature is ``temperature_B[0]`` (float32 ``[B]``, one value repeated
   per row so the batch still splits into micro-batches).
 
+  ``group_size`` G: with the loss's keyword ``prefix_len`` Lp > 0 (static),
+  the batch's rows come in groups of G consecutive rows that agree on their
+  first Lp tokens, and the forward runs each group's prefix once
+  (``sequence_logprobs(group_size=G, prefix_len=Lp)``): the same loss and
+  gradients to float rounding.
+
   Outputs: ``logp_BxT`` and ``entropy_BxT`` of the forward (float32).
   """
   loss = objectives.make_policy_loss(objective)
   needs = objectives.required_inputs(objective)
 
-  def loss_fn(params, batch, norm, *, layer_params_constraint=None):
+  def loss_fn(params, batch, norm, *, layer_params_constraint=None, prefix_len: int = 0):
     tau = batch["temperature_B"][0] if scheduled_temperature else temperature
     logp_BxT, entropy_BxT = sequence_logprobs(
         params, batch["tokens_BxT"], model_config, temperature=tau, impl=logprob_impl,
-        layer_params_constraint=layer_params_constraint)
+        layer_params_constraint=layer_params_constraint, group_size=group_size,
+        prefix_len=prefix_len)
     old_logp_BxT = batch.get("old_logp_BxT", jax.lax.stop_gradient(logp_BxT))
     # Shift controls arrive as per-token weights; weight 0 leaves the token out.
     extra = {"token_weights_BxT": batch["loss_mask_BxT"]}
@@ -154,19 +170,23 @@ def rl_loss(model_config, objective: objectives.ObjectiveConfig, *,
 
 
 def reference_inputs(model_config, *, temperature: float = 1.0, logprob_impl: str = "xla",
-                     scheduled_temperature: bool = False):
+                     scheduled_temperature: bool = False, group_size: int = 1):
   """``prepare(state, batch) -> batch`` adding ``ref_logp_BxT``: the frozen
   reference policy (``state.ref_params``) scored on the batch, without
-  gradient, inside the learner step (the same pass as the update's forward)."""
+  gradient, inside the learner step (the same pass as the update's forward);
+  with ``prefix_len`` > 0, each group of ``group_size`` rows' prefix once,
+  as :func:`rl_loss`."""
 
-  def prepare(state: TrainState, batch: Batch, *, layer_params_constraint=None) -> Batch:
+  def prepare(state: TrainState, batch: Batch, *, layer_params_constraint=None,
+              prefix_len: int = 0) -> Batch:
     if "ref_logp_BxT" in batch:
       return batch
     tau = batch["temperature_B"][0] if scheduled_temperature else temperature
     ref_logp_BxT, _ = sequence_logprobs(jax.lax.stop_gradient(state.ref_params),
                                         batch["tokens_BxT"], model_config, temperature=tau,
                                         impl=logprob_impl,
-                                        layer_params_constraint=layer_params_constraint)
+                                        layer_params_constraint=layer_params_constraint,
+                                        group_size=group_size, prefix_len=prefix_len)
     return dict(batch, ref_logp_BxT=ref_logp_BxT)
 
   return prepare
@@ -202,9 +222,12 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                     trainable: Callable[[Any], Any] | None = None):
   """A pure ``step(state, batch) -> (state, metrics, outputs)`` (jit it with
   shardings). ``prepare(state, batch)`` first adds inputs computed without
-  gradient from the state (:func:`reference_inputs`). The step's keyword
-  ``layer_params_constraint`` (default None) goes on to ``loss_fn`` and
-  ``prepare`` when given (:func:`shard_train_step` gives it on FSDP).
+  gradient from the state (:func:`reference_inputs`). The step's keywords
+  ``layer_params_constraint`` (default None) and ``prefix_len`` (static,
+  default 0) go on to ``loss_fn`` and ``prepare`` when given
+  (:func:`shard_train_step` gives the first on FSDP, the second with a group
+  size); a micro-batch then holds whole groups (``config.micro_batches``
+  divides the number of groups).
 
   ``trainable(params)`` (None: every parameter) is a tree of bools over the
   parameters, e.g. ``lora.adapter_mask``: the loss sees the others through
@@ -216,10 +239,12 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
     raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-  def step(state: TrainState, batch: Batch, *,
-           layer_params_constraint=None) -> tuple[TrainState, Metrics, Batch]:
+  def step(state: TrainState, batch: Batch, *, layer_params_constraint=None,
+           prefix_len: int = 0) -> tuple[TrainState, Metrics, Batch]:
     model_kw = ({} if layer_params_constraint is None
                 else {"layer_params_constraint": layer_params_constraint})
+    if prefix_len:
+      model_kw["prefix_len"] = prefix_len
     mask = None if trainable is None else trainable(state.params)
 
     def grads_of(params, batch, norm):
@@ -317,8 +342,50 @@ def gathered_params(params_sh):
   return gather, model_kw
 
 
+def shared_prefix_len(tokens_BxT, group_size: int) -> int:
+  """The static ``prefix_len`` of a batch: the length on which every group of
+  ``group_size`` consecutive rows agrees, rounded down to a bucket
+  (:func:`agentic_rl.model.prefix.shared_prefix_len`); 0 (no sharing) where
+  ``group_size`` is 1 or does not divide the rows. ``tokens_BxT`` is a host
+  or (global) device array, read on every process (a collective where it
+  spans processes)."""
+  from agentic_rl.train import sharding  # pylint: disable=g-import-not-at-top
+  if group_size <= 1:
+    return 0
+  tokens = sharding.to_host(tokens_BxT)
+  if np.shape(tokens)[0] % group_size:
+    return 0
+  return prefix.shared_prefix_len(tokens, group_size)
+
+
+def _per_prefix_len(jit_for: Callable[[int], Any], group_size: int,
+                    tokens_of: Callable[..., Any]):
+  """A callable that runs ``jit_for(prefix_len)`` (built once per length) on
+  its arguments, with the batch's :func:`shared_prefix_len` (computed once
+  per tokens array: the updates of one batch reuse it); ``jit_for(0)`` alone
+  when ``group_size`` is 1."""
+  if group_size <= 1:
+    return jit_for(0)
+  jitted: dict[int, Any] = {}
+  last: list[Any] = [None, 0]
+
+  def for_args(args):
+    tokens = tokens_of(*args)
+    if last[0] is not tokens:
+      last[:] = [tokens, shared_prefix_len(tokens, group_size)]
+    if last[1] not in jitted:
+      jitted[last[1]] = jit_for(last[1])
+    return jitted[last[1]]
+
+  def call(*args):
+    return for_args(args)(*args)
+
+  call.lower = lambda *args: for_args(args).lower(*args)
+  return call
+
+
 def shard_train_step(step, mesh, model_config, optimizer, params, *,
-                     with_reference: bool = False):
+                     with_reference: bool = False, group_size: int = 1):
   """``jax.jit`` of ``step`` with explicit shardings over ``mesh``.
 
   ``step`` is :func:`make_train_step`'s. Parameters (and the reference
@@ -331,6 +398,11 @@ def shard_train_step(step, mesh, model_config, optimizer, params, *,
   (ZeRO-3); the activations then split over the batch as on the
   data-parallel layout. Returns ``(jitted_step, state_sharding)``; put the
   state on the mesh with ``jax.device_put(state, state_sharding)``.
+
+  With ``group_size`` G > 1, ``jitted_step(state, batch)`` reads the batch's
+  tokens on the host, finds the prefix its groups of G rows share
+  (:func:`shared_prefix_len`) and runs ``step`` with it as the static
+  ``prefix_len``: one jit per length bucket, the plain step for 0.
   """
   from agentic_rl.train import sharding  # pylint: disable=g-import-not-at-top
   params_sh = params_sharding(mesh, model_config, params)
@@ -340,42 +412,55 @@ def shard_train_step(step, mesh, model_config, optimizer, params, *,
       step=sharding.replicated(mesh), ref_params=params_sh if with_reference else None)
   gather, model_kw = gathered_params(params_sh)
 
-  @functools.wraps(step)
-  def gathered_step(state: TrainState, batch: Batch):
-    return step(state.replace(params=gather(state.params),
-                              ref_params=gather(state.ref_params)), batch, **model_kw)
+  def jit_for(prefix_len: int):
+    shared = {"prefix_len": prefix_len} if prefix_len else {}
 
-  jitted = sharding.jit_sharded(
-      gathered_step, mesh, in_shardings=(state_sh, sharding.batch_sharding(mesh)),
-      out_shardings=(state_sh, sharding.replicated(mesh), sharding.batch_sharding(mesh)),
-      donate_argnums=(0,))
+    @functools.wraps(step)
+    def gathered_step(state: TrainState, batch: Batch):
+      return step(state.replace(params=gather(state.params),
+                                ref_params=gather(state.ref_params)), batch, **model_kw,
+                  **shared)
+
+    return sharding.jit_sharded(
+        gathered_step, mesh, in_shardings=(state_sh, sharding.batch_sharding(mesh)),
+        out_shardings=(state_sh, sharding.replicated(mesh), sharding.batch_sharding(mesh)),
+        donate_argnums=(0,))
+
+  jitted = _per_prefix_len(jit_for, group_size, lambda state, batch: batch["tokens_BxT"])
   return jitted, state_sh
 
 
 def shard_score(mesh, model_config, params, *, temperature: float = 1.0,
                 logprob_impl: str = "xla", scheduled_temperature: bool = False,
-                with_reference: bool = False):
+                with_reference: bool = False, group_size: int = 1):
   """The learner's scoring pass, jitted over ``mesh``: ``score(params,
   ref_params, tokens_BxT, tau) -> {"old_logp_BxT", ["ref_logp_BxT"]}``, float32
   ``[B, T]`` split over the batch axes as the train step takes them.
 
   The old log-probs (and the reference policy's, ``with_reference``) of one
-  batch in one call; ``tau`` is used when ``scheduled_temperature``.
+  batch in one call; ``tau`` is used when ``scheduled_temperature``. With
+  ``group_size`` G > 1, each group's shared prefix runs once, as in
+  :func:`shard_train_step`.
   """
   from agentic_rl.train import sharding  # pylint: disable=g-import-not-at-top
   params_sh = params_sharding(mesh, model_config, params)
   gather, model_kw = gathered_params(params_sh)  # as the train step (shard_train_step)
 
-  def score(params, ref_params, tokens_BxT, tau):
-    t = tau if scheduled_temperature else temperature
-    out = {"old_logp_BxT": sequence_logprobs(gather(params), tokens_BxT, model_config,
-                                             temperature=t, impl=logprob_impl, **model_kw)[0]}
-    if with_reference:
-      out["ref_logp_BxT"] = sequence_logprobs(gather(ref_params), tokens_BxT, model_config,
-                                              temperature=t, impl=logprob_impl, **model_kw)[0]
-    return out
+  def jit_for(prefix_len: int):
+    def score(params, ref_params, tokens_BxT, tau):
+      t = tau if scheduled_temperature else temperature
+      kw = dict(temperature=t, impl=logprob_impl, group_size=group_size,
+                prefix_len=prefix_len, **model_kw)
+      out = {"old_logp_BxT": sequence_logprobs(gather(params), tokens_BxT, model_config,
+                                               **kw)[0]}
+      if with_reference:
+        out["ref_logp_BxT"] = sequence_logprobs(gather(ref_params), tokens_BxT,
+                                                model_config, **kw)[0]
+      return out
 
-  return sharding.jit_sharded(
-      score, mesh, in_shardings=(params_sh, params_sh if with_reference else None,
-                                 sharding.batch_sharding(mesh), sharding.replicated(mesh)),
-      out_shardings=sharding.batch_sharding(mesh))
+    return sharding.jit_sharded(
+        score, mesh, in_shardings=(params_sh, params_sh if with_reference else None,
+                                   sharding.batch_sharding(mesh), sharding.replicated(mesh)),
+        out_shardings=sharding.batch_sharding(mesh))
+
+  return _per_prefix_len(jit_for, group_size, lambda p, r, tokens_BxT, tau: tokens_BxT)

@@ -146,7 +146,8 @@ def make_rl_stage(run: Run, stage, optimizer, params, *, reset_each_iteration: b
       objective, global_stats=signal_cfg.allocation == "ada" and signal_cfg.ada_global_stats)
   explore_cfg = config_lib.exploration_config(stage)
   scoring = dict(temperature=stage.temperature, logprob_impl=cfg.model.logprob_impl,
-                 scheduled_temperature=explore_cfg.scheduled_temperature)
+                 scheduled_temperature=explore_cfg.scheduled_temperature,
+                 group_size=stage.group_size if stage.get("share_prefix") else 1)
   with_reference = "ref_logp_BxT" in needs
   loss_fn = learner.rl_loss(run.model_config, objective,
                             adaptive_entropy=explore_cfg.adaptive_entropy, **scoring)
@@ -154,7 +155,8 @@ def make_rl_stage(run: Run, stage, optimizer, params, *, reset_each_iteration: b
   step_fn, state_sharding = learner.shard_train_step(
       learner.make_train_step(loss_fn, optimizer, micro_batches=cfg.micro_batches,
                               prepare=prepare, trainable=learner.trainable(run.model_config)),
-      run.mesh, run.model_config, optimizer, params, with_reference=with_reference)
+      run.mesh, run.model_config, optimizer, params, with_reference=with_reference,
+      group_size=scoring["group_size"])
   score_fn = reset_fn = None
   if stage.updates_per_batch > 1:
     score_fn = learner.shard_score(run.mesh, run.model_config, params,

@@ -89,6 +89,10 @@ def _rl_stage() -> ml_collections.ConfigDict:
       warmup_steps=0,
       weight_decay=0.0,
       updates_per_batch=1,  # optimiser steps per rollout batch
+      # The learner runs the prompt that a group's rollouts share once per
+      # group, not once per rollout (agentic_rl.model.prefix): the same
+      # losses to float rounding, a faster step for long prompts.
+      share_prefix=False,
       # adamw, or mirror_descent (Kimi k1.5: the optimiser state restarts each
       # iteration; with loss='kimi', whose tau weighs the KL to its start).
       optimizer="adamw",
