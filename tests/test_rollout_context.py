@@ -138,3 +138,43 @@ def test_bad_configs_are_refused(codec, model):
   with pytest.raises(ValueError, match="summary request"):
     rollout.HostLoop(model[0], SAMPLING, codec, batch_size=1, max_obs_tokens=2,
                      context=rollout.ContextConfig(policy="summary"))
+
+
+def test_scored_rows_of_a_synthetic_batch():
+  """Rows: final contexts first, then earlier segments in episode order, then
+  padding to a multiple of B; per-episode values reach every row."""
+  B, K, T = 2, 3, 4
+  final = np.array([[1, 1, 0, 0], [1, 0, 0, 0]], np.float32)
+  seg_mask = np.zeros((B, K, T), np.float32)
+  seg_mask[0, 0, :2] = 1  # episode 0 has two earlier segments, episode 1 one
+  seg_mask[0, 1, :1] = 1
+  seg_mask[1, 0, :3] = 1
+  version = np.where(seg_mask > 0, np.array([[[5], [6], [0]], [[7], [0], [0]]]), -1)
+  ro = rollout.Rollout(
+      tokens_BxT=np.ones((B, T), np.int32), loss_mask_BxT=final,
+      behaviour_logp_BxT=np.zeros((B, T), np.float32), entropy_BxT=np.zeros((B, T), np.float32),
+      turn_BxT=np.zeros((B, T), np.int32),
+      version_BxT=np.where(final > 0, np.array([[8], [7]]), -1).astype(np.int32),
+      **{k: None for k in ("prompt_len_B", "length_B", "reward_B", "done_B", "truncated_B",
+                           "num_turns_B", "num_tool_calls_B", "num_tool_errors_B",
+                           "env_seconds_B", "call_hashes_BxC", "turn_rewards_BxC",
+                           "finished_B", "status_B", "obs_clipped_B")},
+      reward_components={},
+      segments=rollout.Segments(
+          tokens_BxKxT=np.full((B, K, T), 2, np.int32), loss_mask_BxKxT=seg_mask,
+          behaviour_logp_BxKxT=np.zeros((B, K, T), np.float32),
+          entropy_BxKxT=np.zeros((B, K, T), np.float32), version_BxKxT=version.astype(np.int32),
+          length_BxK=np.array([[2, 1, 0], [3, 0, 0]], np.int32), count_B=np.array([2, 1])))
+  rows = rollout.scored_rows(ro)
+  np.testing.assert_array_equal(rows.episode_R, [0, 1, 0, 0, 1, -1])
+  np.testing.assert_array_equal(rows["loss_mask_RxT"].sum(axis=1), [2, 1, 2, 1, 3, 0])
+  np.testing.assert_array_equal(rows.per_row(np.array([10.0, 20.0])), [10, 20, 10, 10, 20, 0])
+  newest = rows.episode_max(rows["version_RxT"], rows["loss_mask_RxT"] > 0)
+  np.testing.assert_array_equal(newest, [8, 7])
+  np.testing.assert_array_equal(context_lib.policy_tokens(ro), [5, 4])
+  # Partial-rollout masking keeps an episode's newest version in all its rows.
+  from agentic_rl.invariants import shift
+  weights, _ = shift.shift_weights(shift.ShiftConfig(partial_rollout="mask"),
+                                   rows["loss_mask_RxT"], rows["version_RxT"], 8,
+                                   newest_B=rows.per_row(newest))
+  np.testing.assert_array_equal(np.asarray(weights).sum(axis=1), [2, 1, 0, 0, 3, 0])

@@ -119,13 +119,13 @@ def test_the_actor_overlaps_the_learner_within_the_staleness_bound(tmp_path, mon
 def test_windowed_fifo_takes_a_group_only_near_the_head_of_the_queue(tmp_path, monkeypatch):
   _, consumed = _spy(monkeypatch)
   rows = []
-  original = stream_lib.HostLoop
+  original = stream_lib.HostStream.__init__
 
-  def host_loop(*args, **kwargs):
-    rows.append(kwargs["batch_size"])
-    return original(*args, **kwargs)
+  def init(self, run, rl, *args, **kwargs):
+    original(self, run, rl, *args, **kwargs)
+    rows.append(self.loop.batch_size)
 
-  monkeypatch.setattr(stream_lib, "HostLoop", host_loop)
+  monkeypatch.setattr(stream_lib.HostStream, "__init__", init)
   cfg = _async_cfg(iterations=3, staleness=2, env_workers=4)
   cfg.rl.shift.fifo_window_ratio = 1.0  # W = P
   cfg.rl.actor_rows = 3 * cfg.rl.prompts_per_step * cfg.rl.group_size // 2

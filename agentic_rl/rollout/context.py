@@ -152,6 +152,16 @@ class ScoredRows:
     return np.where(pad, np.asarray(fill, out.dtype), out)
 
 
+  def episode_max(self, values_RxT: np.ndarray, where_RxT: np.ndarray) -> np.ndarray:
+    """``[B]``: each episode's largest value where ``where_RxT``, over all
+    its rows (-1 where none)."""
+    row_max = np.max(np.where(where_RxT, values_RxT, -1), axis=1)
+    out = np.full(int(self.episode_R.max()) + 1, -1, row_max.dtype)
+    real = self.episode_R >= 0
+    np.maximum.at(out, self.episode_R[real], row_max[real])
+    return out
+
+
 def scored_rows(rollout) -> ScoredRows:
   """The rollout's sequences for the learner (:class:`ScoredRows`).
 

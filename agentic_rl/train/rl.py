@@ -370,7 +370,8 @@ def score_and_weight(run: Run, rl: RLStage, state: learner.TrainState, rows: Sco
   learner when the batch's first update begins.
   """
   weights, shift_stats = shift.shift_weights(
-      rl.shift_cfg, rows["loss_mask_RxT"], rows["version_RxT"], int(state.step))
+      rl.shift_cfg, rows["loss_mask_RxT"], rows["version_RxT"], int(state.step),
+      newest_B=rows.per_row(rows.episode_max(rows["version_RxT"], rows["loss_mask_RxT"] > 0)))
   R = rows.num_rows
   learn_batch = sharding.shard_batch({
       "tokens_BxT": jnp.asarray(rows["tokens_RxT"]),

@@ -153,13 +153,18 @@ class Run:
     settings, batch rows)."""
     key = ("host", sampling, rows)
     if key not in self.engines:
-      t = self.cfg.tasks
-      loop = HostLoop(self.model_config, sampling, self.codec, batch_size=rows,
-                      max_obs_tokens=t.max_obs_tokens, obs_overflow=t.obs_overflow,
-                      env_workers=t.env_workers, env_timeout_s=t.env_timeout_s or None,
-                      context=config_lib.context_config(self.cfg))
-      self.engines[key] = (loop, [self.tasks.make() for _ in range(rows)])
+      self.engines[key] = (self.new_host_loop(sampling, rows),
+                           [self.tasks.make() for _ in range(rows)])
     return self.engines[key]
+
+  def new_host_loop(self, sampling: SamplingConfig, rows: int) -> HostLoop:
+    """A host loop of ``rows`` rows with the config's observation limits,
+    environment workers and context management."""
+    t = self.cfg.tasks
+    return HostLoop(self.model_config, sampling, self.codec, batch_size=rows,
+                    max_obs_tokens=t.max_obs_tokens, obs_overflow=t.obs_overflow,
+                    env_workers=t.env_workers, env_timeout_s=t.env_timeout_s or None,
+                    context=config_lib.context_config(self.cfg))
 
   def demonstrations(self, params, stage, key) -> dict[str, np.ndarray]:
     """The SFT stage's batch: ``tokens_BxT`` and ``loss_mask_BxT``, ``[N, T]``.

@@ -34,7 +34,7 @@ import numpy as np
 
 from agentic_rl.invariants import exploration, shift, signal
 from agentic_rl.objectives import GroupLayout
-from agentic_rl.rollout.host import Episode, HostLoop
+from agentic_rl.rollout.host import Episode
 from agentic_rl.rollout.types import EPISODE_STATUS
 from agentic_rl.train import rl as rl_lib
 
@@ -71,11 +71,8 @@ class HostStream:
     self.weights, self.need, self.emit = weights, need, emit
     self.step, self.end_step = first_step, end_step
     self.history, self.stop = history, stop
-    t = run.cfg.tasks
     rows = rl.actor_rows or rl.rows
-    self.loop = HostLoop(run.model_config, rl.sampling, run.codec, batch_size=rows,
-                         max_obs_tokens=t.max_obs_tokens, obs_overflow=t.obs_overflow,
-                         env_workers=t.env_workers, env_timeout_s=t.env_timeout_s or None)
+    self.loop = run.new_host_loop(rl.sampling, rows)
     P, G = rl.prompts_per_step, rl.group_size
     self.window = shift.fifo_window(rl.shift_cfg, P)
     self.max_groups = max(self.window or P, P) + math.ceil(rows / G)

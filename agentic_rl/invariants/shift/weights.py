@@ -42,8 +42,12 @@ def staleness_weights(config: ShiftConfig, version_BxT: jax.Array, mask_BxT: jax
 
 
 def partial_rollout_weights(config: ShiftConfig, version_BxT: jax.Array,
-                            mask_BxT: jax.Array) -> jax.Array:
-  """float32 ``[B, T]``: with ``partial_rollout='mask'``, only each sequence's newest-version tokens.
+                            mask_BxT: jax.Array, newest_B: jax.Array | None = None
+                            ) -> jax.Array:
+  """float32 ``[B, T]``: with ``partial_rollout='mask'``, only each
+  episode's newest-version tokens: ``newest_B`` (int, the newest version in
+  the row's episode, which may span several rows: context segments), by
+  default the row's own newest.
 
   Otherwise the policy mask.
   """
@@ -51,12 +55,14 @@ def partial_rollout_weights(config: ShiftConfig, version_BxT: jax.Array,
   if config.partial_rollout != "mask":
     return mask.astype(jnp.float32)
   version = jnp.asarray(version_BxT, jnp.int32)
-  newest = jnp.max(jnp.where(mask, version, -1), axis=1, keepdims=True)
-  return (mask & (version == newest)).astype(jnp.float32)
+  newest = (jnp.max(jnp.where(mask, version, -1), axis=1) if newest_B is None
+            else jnp.asarray(newest_B, jnp.int32))
+  return (mask & (version == newest[:, None])).astype(jnp.float32)
 
 
 def shift_weights(config: ShiftConfig, mask_BxT: jax.Array, version_BxT: jax.Array,
-                  current_version: int | jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+                  current_version: int | jax.Array, newest_B: jax.Array | None = None
+                  ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Staleness enforcement times partial-rollout masking.
 
   Args:
@@ -64,6 +70,8 @@ def shift_weights(config: ShiftConfig, mask_BxT: jax.Array, version_BxT: jax.Arr
     mask_BxT: 1 on policy tokens.
     version_BxT: int32 policy version of each token (-1 off policy tokens).
     current_version: the learner's version (int or int32 scalar).
+    newest_B: the newest version of each row's episode, where an episode
+      spans several rows (:func:`partial_rollout_weights`).
 
   Returns:
     ``(weights_BxT, stats)``: float32 loss weights including the policy mask,
@@ -76,7 +84,7 @@ def shift_weights(config: ShiftConfig, mask_BxT: jax.Array, version_BxT: jax.Arr
   mask = jnp.asarray(mask_BxT, bool)
   n = jnp.maximum(jnp.sum(mask), 1).astype(jnp.float32)
   stale = staleness_weights(config, version_BxT, mask, current_version)
-  partial = partial_rollout_weights(config, version_BxT, mask)
+  partial = partial_rollout_weights(config, version_BxT, mask, newest_B)
   weight = stale * partial
   lag = staleness(version_BxT, mask, current_version)
   stats = {
