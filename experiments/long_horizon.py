@@ -45,11 +45,13 @@ _STUDIES = flags.DEFINE_list("studies", ["context", "toggle"], "Studies to run."
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The scale of every run, small enough for 18 runs on a 2-core CPU: a
-# shorter warm start and RL stage than the default run's, evaluated once at
-# the end of each stage on 64 held-out prompts.
-SCALE = {"sft.steps": 100, "sft.num_demos": 1024, "rl.iterations": 12,
-         "rl.prompts_per_step": 8, "eval.every": 12, "eval.num_prompts": 64,
-         "eval.pass_k_prompts": 8, "checkpoint.every": 12, "export.deploy_check": "off"}
+# shorter warm start and RL stage than the default run's (uniform
+# allocation: the same rollouts every iteration), evaluated once at the end
+# of each stage on 64 held-out prompts.
+SCALE = {"sft.steps": 200, "sft.num_demos": 1024, "rl.iterations": 8,
+         "rl.prompts_per_step": 8, "rl.signal.allocation": "uniform", "eval.every": 8,
+         "eval.num_prompts": 64, "eval.pass_k_prompts": 8, "checkpoint.every": 8,
+         "export.deploy_check": "off"}
 TINY_SCALE = {"sft.steps": 6, "rl.iterations": 2, "eval.every": 2, "checkpoint.every": 2}
 STUDIES: dict[str, dict] = {
     "context": {
@@ -68,13 +70,13 @@ STUDIES: dict[str, dict] = {
 SUMMARIES = {
     "resets": ("episode/context_resets", "mean", 1000),
     "peak_context": ("episode/peak_context_tokens", "mean", 1000),
-    "train_success": ("reward/outcome", "mean", 10),
+    "train_success": ("reward/outcome", "mean", 5),
     "tokens_per_success": ("reward/tokens_per_success", "mean", 10),
 }
 COLUMNS = {"context": ("sft_success", "rl_success", "train_success", "resets", "peak_context"),
            "toggle": ("rl_success", "train_success", "tokens_per_success")}
 HEADERS = {"sft_success": "held-out success after SFT", "rl_success": "after RL",
-           "train_success": "training success, last 10 iterations",
+           "train_success": "training success, last 5 iterations",
            "resets": "context rewrites / episode", "peak_context": "peak context tokens",
            "tokens_per_success": "policy tokens / success, last 10 iterations"}
 
