@@ -165,3 +165,42 @@ def test_bad_arguments_raise():
                     (dict(group_size=G, prefix_len=np.float32(2.0)), "Python int")):
     with pytest.raises(ValueError, match=match):
       prefix.forward_hidden(params, tokens, config, **kw)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_decoding_from_a_shared_prefix_cache_equals_the_whole_cache(name):
+  """Each group's prompt prefilled once; its first Lp slots kept as one
+  cache per group, the rest copied to the rows' own caches (slot j =
+  position Lp + j): the decode steps' logits equal those of every row
+  decoding from a copy of the whole cache."""
+  config = CONFIGS[name]
+  params = _params(config)
+  step = jax.jit(model.decode_step, static_argnames="config")
+  L, Lp, S = 7, 4, 12  # prompt, shared slots, positions after the prompt
+  rng = np.random.default_rng(3)
+  prompts = rng.integers(1, V, (P, L)).astype(np.int32)
+  _, full = model.prefill(params, prompts, model.init_cache(config, P, L), config)
+  whole = model.grow_cache(model.repeat_rows(full, G), L + S)
+  prefix_cache, own = model.split_slots(full, Lp)
+  chex.assert_shape(prefix_cache.k, [(P, config.n_kv_heads, Lp, config.head_dim)] * 2)
+  own = model.grow_cache(model.repeat_rows(own, G), L + S - Lp)
+  # As the rollout engine: the last prompt token again, then new tokens.
+  tokens = np.concatenate([np.repeat(prompts[:, -1:], G, axis=0),
+                           rng.integers(1, V, (P * G, S))], axis=1)
+  for t in range(S + 1):
+    positions = np.full((P * G,), L - 1 + t, np.int32)
+    want, whole = step(params, tokens[:, t], positions, whole, config)
+    got, own = step(params, tokens[:, t], positions, own, config, prefix=prefix_cache)
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5, err_msg=f"step {t}")
+  # The rows' own caches hold the positions after the prefix.
+  np.testing.assert_allclose(own.k[0], whole.k[0][:, :, Lp:], atol=1e-6)
+
+
+def test_shared_prefix_cache_errors():
+  config = CONFIGS["mqa_lora"]
+  cache = model.init_cache(config, P * G, 8)
+  with pytest.raises(ValueError, match="cannot split"):
+    model.split_slots(cache, 8)
+  with pytest.raises(ValueError, match="does not split"):
+    model.decode_step(_params(config), np.zeros((P * G,), np.int32), np.full((P * G,), 9),
+                      cache, config, prefix=model.init_cache(config, 5, 4))

@@ -274,9 +274,10 @@ def unshared(setup):
 @pytest.mark.parametrize("group_size", [1, 2, 4])
 def test_each_prompt_is_prefilled_once_with_the_rollouts_of_repeated_prompts(
     setup, unshared, group_size, with_env, monkeypatch):
-  """An engine of group size G prefills its P prompts and copies each cache
-  to its G rows: the same episodes as G = 1 on every prompt repeated G
-  times (same key: the rows' draws do not depend on G)."""
+  """An engine of group size G prefills its P prompts once and its G rows
+  decode from the prompt's shared cache: the same episodes as G = 1 on
+  every prompt repeated G times (same key: the rows' draws do not depend
+  on G)."""
   s = setup
   prefilled = []
   prefill = model_lib.prefill
@@ -285,18 +286,35 @@ def test_each_prompt_is_prefilled_once_with_the_rollouts_of_repeated_prompts(
     prefilled.append(tokens_BxT.shape[0])
     return prefill(params, tokens_BxT, cache, config, **kwargs)
 
+  decoded = []
+  decode_step = model_lib.decode_step
+
+  def decode_spy(*args, prefix=None, **kwargs):
+    decoded.append(None if prefix is None else prefix.k[0].shape)
+    return decode_step(*args, prefix=prefix, **kwargs)
+
   monkeypatch.setattr(model_lib, "prefill", spy)
+  monkeypatch.setattr(model_lib, "decode_step", decode_spy)
   prompts = [0, 1, 0, 1][:ROWS // group_size] if group_size < ROWS else [0]
   args, script = _rows(s, with_env, prompts)
   shared = _engine(s, with_env, group_size).rollout(s["params"], *args, jax.random.key(13),
                                                     0, **script)
   assert prefilled == [ROWS // group_size]
+  # The decode steps read one cache per prompt of its shortest length's
+  # power of two.
+  shortest = int(np.min(args[1]))
+  ls = 1 << (shortest.bit_length() - 1)
+  c = s["config"]
+  assert decoded == [None if group_size == 1 else
+                     (ROWS // group_size, c.n_kv_heads, ls, c.head_dim)]
+  assert ls > shortest // 2
   plain = unshared[with_env, tuple(np.repeat(prompts, group_size))]
   for field in ("tokens_BxT", "loss_mask_BxT", "turn_BxT", "version_BxT", "length_B",
                 "reward_B", "done_B", "truncated_B", "num_tool_calls_B"):
     np.testing.assert_array_equal(getattr(shared, field), getattr(plain, field), err_msg=field)
-  np.testing.assert_allclose(shared.behaviour_logp_BxT, plain.behaviour_logp_BxT, atol=1e-6)
-  np.testing.assert_allclose(shared.entropy_BxT, plain.entropy_BxT, atol=1e-6)
+  # The shared and the own cache slots are summed apart: float rounding.
+  np.testing.assert_allclose(shared.behaviour_logp_BxT, plain.behaviour_logp_BxT, atol=1e-5)
+  np.testing.assert_allclose(shared.entropy_BxT, plain.entropy_BxT, atol=1e-5)
   assert (np.asarray(shared.loss_mask_BxT) > 0).sum(axis=1).min() > 0
   if group_size > 1:  # the samples of a prompt go their own ways after it
     tokens = np.asarray(shared.tokens_BxT).reshape(ROWS // group_size, group_size, -1)

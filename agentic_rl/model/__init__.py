@@ -13,7 +13,7 @@ from agentic_rl.model.xla_options import compiler_options, mesh_platform
 from agentic_rl.model.config import TransformerConfig, alternating_windows
 from agentic_rl.model.kv_cache import (KVCache, decode_step, extend,
                                        grow_cache, init_cache, prefill,
-                                       repeat_rows)
+                                       repeat_rows, split_slots)
 from agentic_rl.model.transformer import (forward, init_params, param_axes,
                                           unembedding, unstack_layers)
 
@@ -33,6 +33,7 @@ __all__ = [
     "param_axes",
     "prefill",
     "repeat_rows",
+    "split_slots",
     "unembedding",
     "unstack_layers",
 ]

@@ -10,6 +10,13 @@ cache can be reused for a new batch without clearing it, or grown
 (:func:`grow_cache`) while rows get longer. Writes past the end of the cache
 are dropped (checked in Python when the starts are concrete).
 
+Rows that share a prefix (G samples of one prompt) can keep it once per
+group: ``extend`` / ``decode_step`` with ``prefix=`` (a ``[P, K, Lp, Dh]``
+cache of positions ``0 .. Lp-1``, row ``b`` reading group ``b // G``'s) take
+a ``cache`` whose slot ``j`` holds position ``Lp + j`` (:func:`split_slots`
+makes both from one prefilled cache); their attention reads the prefix once
+per group (``prefix.cache_attention``).
+
 Every function is jit-friendly with the cache donated::
 
   step = jax.jit(decode_step, static_argnames="config", donate_argnames="cache")
@@ -21,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from agentic_rl.model import prefix as prefix_lib
 from agentic_rl.model import transformer
 from agentic_rl.model.attention import attention
 from agentic_rl.model.config import TransformerConfig
@@ -85,6 +93,17 @@ def repeat_rows(cache: KVCache, repeats: int) -> KVCache:
   return KVCache(k=tuple(map(rep, cache.k)), v=tuple(map(rep, cache.v)))
 
 
+def split_slots(cache: KVCache, length: int) -> tuple[KVCache, KVCache]:
+  """``(slots [0, length), slots [length, max_len))`` of every layer: a
+  shared prefix cache and the cache of the positions after it."""
+  if not 0 < length < cache.max_len:
+    raise ValueError(f"cannot split a KV cache of {cache.max_len} slots at {length}")
+  head = lambda xs: tuple(x[:, :, :length] for x in xs)  # noqa: E731
+  tail = lambda xs: tuple(x[:, :, length:] for x in xs)  # noqa: E731
+  return (KVCache(k=head(cache.k), v=head(cache.v)),
+          KVCache(k=tail(cache.k), v=tail(cache.v)))
+
+
 def _check_cache(cache: KVCache, config: TransformerConfig, batch: int):
   expected = (batch, config.n_kv_heads, cache.max_len, config.head_dim)
   for name, layers in (("k", cache.k), ("v", cache.v)):
@@ -100,7 +119,7 @@ def _check_cache(cache: KVCache, config: TransformerConfig, batch: int):
                          f"compute dtype {config.compute_dtype}")
 
 
-def _run(params, tokens_BxT, positions_BxT, cache, config, *, from_start):
+def _run(params, tokens_BxT, positions_BxT, cache, config, *, from_start, prefix=None):
   """Write the tokens' keys/values at their positions and run the layers.
 
   The layers are unrolled (one buffer per layer, see :class:`KVCache`);
@@ -108,27 +127,37 @@ def _run(params, tokens_BxT, positions_BxT, cache, config, *, from_start):
   weights are not sliced again at every step. With ``from_start`` (prefill:
   the tokens are positions ``0..T-1`` of every row) attention runs over the
   fresh keys only, which is the same as reading the cache back, since later
-  slots are invisible to these queries.
+  slots are invisible to these queries. With a shared ``prefix`` cache
+  (``Lp`` slots), cache slot ``j`` is position ``Lp + j``; tokens at
+  positions below ``Lp`` are not written (the prefix holds them).
   """
   B = tokens_BxT.shape[0]
   rows_Bx1 = jnp.arange(B)[:, None]
   k_layers, v_layers = list(cache.k), list(cache.v)
   windows = config.sliding_windows or (None,) * config.n_layers
   x_BxTxD = transformer.embed_tokens(params, tokens_BxT, config)
-  # Cache positions lie in [0, max_len): a table lookup, computed once per
-  # decode loop rather than in every layer of every step.
+  offset = 0 if prefix is None else prefix.max_len
+  # Slots past the end are dropped, as are positions the prefix holds.
+  slots_BxT = positions_BxT if prefix is None else jnp.where(
+      positions_BxT < offset, cache.max_len, positions_BxT - offset)
+  # Cache positions lie in [0, offset + max_len): a table lookup, computed
+  # once per decode loop rather than in every layer of every step.
   ropes = transformer.model_ropes(positions_BxT, config,
-                                  table_len=cache.max_len)
+                                  table_len=offset + cache.max_len)
   for i in range(config.n_layers):
 
     def attend(q, k, v, i=i):
       # Advanced indices around a slice: the update is laid out [B, T, K, Dh].
-      k_layers[i] = k_layers[i].at[rows_Bx1, :, positions_BxT].set(k, mode="drop")
-      v_layers[i] = v_layers[i].at[rows_Bx1, :, positions_BxT].set(v, mode="drop")
+      k_layers[i] = k_layers[i].at[rows_Bx1, :, slots_BxT].set(k, mode="drop")
+      v_layers[i] = v_layers[i].at[rows_Bx1, :, slots_BxT].set(v, mode="drop")
       kwargs = dict(impl=config.attn_impl, softcap=config.attn_logit_softcap,
                     sliding_window=windows[i])
       if from_start:
         return attention(q, k, v, **kwargs), None
+      if prefix is not None:
+        return prefix_lib.cache_attention(
+            q, prefix.k[i], prefix.v[i], k_layers[i], v_layers[i], positions_BxT,
+            sliding_window=windows[i], softcap=config.attn_logit_softcap), None
       return attention(q, k_layers[i], v_layers[i],
                        q_positions_BxT=positions_BxT, **kwargs), None
 
@@ -140,13 +169,20 @@ def _run(params, tokens_BxT, positions_BxT, cache, config, *, from_start):
                                              v=tuple(v_layers))
 
 
-def _prepare(tokens_BxT, cache, config):
+def _prepare(tokens_BxT, cache, config, prefix=None):
   config.validate()
   tokens_BxT = transformer.check_tokens(tokens_BxT, config.vocab_size, ndim=2)
   B, T = tokens_BxT.shape
   _check_cache(cache, config, B)
-  if T > cache.max_len:
-    raise ValueError(f"{T} tokens do not fit in a KV cache of {cache.max_len}")
+  offset = 0
+  if prefix is not None:
+    P = prefix.k[0].shape[0]
+    if B % P:
+      raise ValueError(f"a prefix cache of {P} groups does not split {B} rows")
+    _check_cache(prefix, config, P)
+    offset = prefix.max_len
+  if T > offset + cache.max_len:
+    raise ValueError(f"{T} tokens do not fit in a KV cache of {offset + cache.max_len}")
   return tokens_BxT
 
 
@@ -155,7 +191,8 @@ def _outputs(logits, hidden, cache, return_hidden):
 
 
 def extend(params, tokens_BxT: jax.Array, start_B: jax.Array, cache: KVCache,
-           config: TransformerConfig, *, return_hidden: bool = False):
+           config: TransformerConfig, *, return_hidden: bool = False,
+           prefix: KVCache | None = None):
   """Run T new tokens per row at positions ``start_B[b] + arange(T)``.
 
   Writes their keys/values into those cache slots and attends to the cache
@@ -164,22 +201,27 @@ def extend(params, tokens_BxT: jax.Array, start_B: jax.Array, cache: KVCache,
   ``start + T > max_len``; under jit the caller guarantees the fit (writes
   past the end are dropped).
 
+  With ``prefix`` (P groups' shared cache of ``Lp`` slots, P dividing B):
+  ``cache`` slot ``j`` holds position ``Lp + j`` and row ``b`` attends to
+  group ``b // (B / P)``'s prefix, then to its own slots (module docstring).
+
   Returns ``(logits_BxTxV, cache)``, or ``(logits_BxTxV, hidden_BxTxD,
   cache)`` with ``return_hidden``; logits fp32 as in ``forward``.
   """
-  tokens_BxT = _prepare(tokens_BxT, cache, config)
+  tokens_BxT = _prepare(tokens_BxT, cache, config, prefix)
   B, T = tokens_BxT.shape
   transformer.check_shape("start_B", start_B, (B,))
+  end = cache.max_len + (0 if prefix is None else prefix.max_len)
   starts = transformer.concrete_or_none(start_B)
   if starts is not None and starts.size:
-    if starts.min() < 0 or starts.max() + T > cache.max_len:
+    if starts.min() < 0 or starts.max() + T > end:
       raise ValueError(
           f"chunk of {T} tokens at starts in [{starts.min()}, {starts.max()}] "
-          f"runs past the KV cache of {cache.max_len} (or starts below 0)")
+          f"runs past the KV cache of {end} (or starts below 0)")
   positions_BxT = (jnp.asarray(start_B, jnp.int32)[:, None]
                    + jnp.arange(T, dtype=jnp.int32))
   logits, hidden, cache = _run(params, tokens_BxT, positions_BxT, cache,
-                               config, from_start=False)
+                               config, from_start=False, prefix=prefix)
   return _outputs(logits, hidden, cache, return_hidden)
 
 
@@ -195,11 +237,13 @@ def prefill(params, tokens_BxT: jax.Array, cache: KVCache,
 
 
 def decode_step(params, tokens_B: jax.Array, positions_B: jax.Array,
-                cache: KVCache, config: TransformerConfig):
-  """One token per row at ``positions_B``: returns ``(logits_BxV, cache)``."""
+                cache: KVCache, config: TransformerConfig, *,
+                prefix: KVCache | None = None):
+  """One token per row at ``positions_B``: returns ``(logits_BxV, cache)``
+  (``prefix``: as :func:`extend`'s)."""
   tokens_B = jnp.asarray(tokens_B)
   if tokens_B.ndim != 1:
     raise ValueError(f"tokens_B must have 1 dim, got shape {tokens_B.shape}")
   logits_Bx1xV, cache = extend(params, tokens_B[:, None], positions_B, cache,
-                               config)
+                               config, prefix=prefix)
   return logits_Bx1xV[:, 0], cache

@@ -23,6 +23,13 @@ sums its prefix and suffix terms in another order). The projections and the
 MLP then cost ``P * Lp + B * S`` token rows instead of ``B * T``, the
 attention ``P * Lp^2 + B * S * T`` scores instead of ``B * T^2``.
 
+Incremental decoding shares the prefix the same way
+(:func:`cache_attention`, ``kv_cache.decode_step(..., prefix=...)``): the
+groups' prefix keys and values sit in a ``[P, K, Lp, Dh]`` cache, read once
+per group by its G rows' queries, and each row's own cache holds positions
+``Lp ..`` only, so a decode step reads ``P * Lp + B * S`` cached positions
+instead of ``B * (Lp + S)``.
+
 :func:`shared_prefix_len` finds, on the host, the ``Lp`` a batch of token
 rows allows, rounded down to few values (:func:`prefix_bucket`) so that a
 jitted caller, for which ``Lp`` is static, rarely compiles again.
@@ -194,6 +201,62 @@ def forward_hidden(params, tokens_BxT: jax.Array, config: TransformerConfig, *,
   norm = functools.partial(transformer.rms_norm, w=params["final_norm"],
                            eps=config.norm_eps, plus_one=config.norm_plus_one)
   return norm(x_PxLpxD), norm(x_BxSxD)
+
+
+def cache_attention(q_BxTxHxD: jax.Array, prefix_k_PxKxLxD: jax.Array,
+                    prefix_v_PxKxLxD: jax.Array, k_BxKxSxD: jax.Array, v_BxKxSxD: jax.Array,
+                    q_positions_BxT: jax.Array, *,
+                    sliding_window: int | jax.Array | None = None,
+                    softcap: float | None = None) -> jax.Array:
+  """Attention of B rows' queries to a KV cache split into their group's
+  shared prefix and their own positions after it (head-major caches).
+
+  Row ``b`` is in group ``p = b // G``. Prefix slot ``j`` of
+  ``prefix_k[p]`` holds position ``j < L``; slot ``j`` of ``k[b]`` holds
+  position ``L + j``. A query at position ``q`` sees the positions ``<= q``
+  with ``q - position < sliding_window``. Scores ``q . k * D ** -0.5``
+  (fp32), soft-capped when set, one fp32 softmax over the ``L + S`` slots:
+  ``reference.attention`` over the row's whole cache (positions ``0 ..
+  L + S - 1``) to float rounding, reading the prefix once per group.
+
+  Args:
+    q_BxTxHxD: queries; H a multiple of K.
+    prefix_k_PxKxLxD, prefix_v_PxKxLxD: the groups' prefix cache.
+    k_BxKxSxD, v_BxKxSxD: the rows' caches of the positions from L on.
+    q_positions_BxT: int absolute positions of the queries.
+    sliding_window: int (may be traced) or None.
+    softcap: attention-logit soft-cap, or None.
+
+  Returns:
+    ``[B, T, H, D]`` in q's dtype.
+  """
+  B, T, H, D = q_BxTxHxD.shape
+  P, K, L = prefix_k_PxKxLxD.shape[:3]
+  S = k_BxKxSxD.shape[2]
+  if B % P or H % K:
+    raise ValueError(f"{B} rows do not split into {P} groups, or {H} query heads into "
+                     f"{K} key/value heads")
+  G, R = B // P, H // K
+  f32 = jnp.float32
+  q = q_BxTxHxD.reshape(P, G, T, K, R, D)
+  k = k_BxKxSxD.reshape(P, G, K, S, D)
+  v = v_BxKxSxD.reshape(P, G, K, S, D)
+  scale = D ** -0.5
+  s_prefix = jnp.einsum("pgtkrd,pkld->pgkrtl", q, prefix_k_PxKxLxD,
+                        preferred_element_type=f32) * scale
+  s_own = jnp.einsum("pgtkrd,pgksd->pgkrts", q, k, preferred_element_type=f32) * scale
+  s = jnp.concatenate([s_prefix, s_own], axis=-1)
+  if softcap is not None:
+    s = softcap * jnp.tanh(s / softcap)
+  kv_pos_BxN = jnp.broadcast_to(jnp.arange(L + S, dtype=q_positions_BxT.dtype), (B, L + S))
+  mask_BxTxN = reference.attention_mask(q_positions_BxT, kv_pos_BxN, causal=True,
+                                        sliding_window=sliding_window)
+  mask = mask_BxTxN.reshape(P, G, 1, 1, T, L + S)
+  p = reference.masked_softmax(s, mask).astype(v_BxKxSxD.dtype)
+  out = (jnp.einsum("pgkrtl,pkld->pgtkrd", p[..., :L], prefix_v_PxKxLxD,
+                    preferred_element_type=f32)
+         + jnp.einsum("pgkrts,pgksd->pgtkrd", p[..., L:], v, preferred_element_type=f32))
+  return out.reshape(B, T, H, D).astype(q_BxTxHxD.dtype)
 
 
 # --- the shared length, on the host -----------------------------------------

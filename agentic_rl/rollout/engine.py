@@ -15,9 +15,12 @@ the model's :func:`~agentic_rl.model.decode_step`:
   rows that stopped), its observation is framed by the codec and queued, and
   the episode ends on ``done``/``truncated``, a final stop id, or a limit.
 
-Fresh episodes prefill each of the P prompts once and copy its KV cache to
-its G rows (the same cache the rows' own prefills would write, so the same
-tokens; :meth:`RolloutEngine.rollout`). The loop exits early when no row is
+Fresh episodes prefill each of the P prompts once, and the G rows of a
+prompt share its cache: the positions every prompt of the batch holds (its
+shortest length, rounded down to a power of two) stay one cache per group
+that the G rows' decode steps read together
+(``model.decode_step(..., prefix=...)``), the rest of the prompt is copied
+to each row's own cache (:meth:`RolloutEngine.rollout`). The loop exits early when no row is
 live (with a ``row_sharding``, each device runs its own loop on its share of
 the rows). The KV cache starts at
 the prompt length and grows to the row capacity in up to ``cache_segments``
@@ -151,7 +154,7 @@ class RolloutEngine:
     options = model_lib.compiler_options(
         None if row_sharding is None else row_sharding.mesh)
     jit = functools.partial(jax.jit, compiler_options=options)
-    self._rollout_jit = jit(self._rollout, static_argnames="prefill_len")
+    self._rollout_jit = jit(self._rollout, static_argnames=("prefill_len", "shared_len"))
     self._init_jit = jit(self._init_state)
     self._advance_jit = jit(self._advance, static_argnames="prefill_len")
 
@@ -185,16 +188,22 @@ class RolloutEngine:
     Returns:
       :class:`Rollout` with ``B = P * G`` rows, prompt-major.
 
-    Each prompt is prefilled once and its KV cache copied to its G rows
-    (on each device's share of the rows with a ``row_sharding``): the
-    tokens equal those of G = 1 with every prompt repeated G times, the
-    log-probs to float rounding (the prefill's matmuls have P rows, not B).
+    Each prompt is prefilled once (on each device's share of the rows with a
+    ``row_sharding``); its first ``Ls`` positions, ``Ls`` the shortest
+    prompt length rounded down to a power of two, stay one KV cache per
+    group that its G rows' decode steps read together, the rest is copied
+    to each row's cache. The tokens equal those of G = 1 with every prompt
+    repeated G times, the log-probs to float rounding (the prefill's
+    matmuls have P rows, not B, and attention sums the shared and the own
+    slots separately). A batch whose shortest prompt length changes bucket
+    compiles again.
     """
     args = self._check_inputs(prompts_PxL, prompt_len_P, instances_P,
                               script_PxS, script_len_P)
     return self._rollout_jit(params, *args, check_key(key),
                              check_version(version), self._temperature(temperature),
-                             prefill_len=int(np.shape(prompts_PxL)[1]))
+                             prefill_len=int(np.shape(prompts_PxL)[1]),
+                             shared_len=self._shared_len(args[1]))
 
   def init_state(self, prompts_PxL, prompt_len_P, instances_P, key, *,
                  script_PxS=None, script_len_P=None) -> RolloutState:
@@ -237,6 +246,15 @@ class RolloutEngine:
     return select_rows(jnp.repeat(replace_P, self.group_size), fresh, state)
 
   # --------------------------------------------------------- input checks
+  def _shared_len(self, prompt_len_P) -> int:
+    """The prompt positions each group decodes from one shared cache: the
+    shortest prompt length rounded down to a power of two (few values, so
+    few compiles); 0 for G = 1 or traced lengths."""
+    lens = model_lib.transformer.concrete_or_none(prompt_len_P)
+    if self.group_size == 1 or lens is None or not lens.size:
+      return 0
+    return 1 << (int(lens.min()).bit_length() - 1)
+
   def _temperature(self, temperature) -> jax.Array:
     if temperature is None:
       return jnp.float32(self.sampling.temperature)
@@ -290,48 +308,59 @@ class RolloutEngine:
 
   # ------------------------------------------------------------ jitted core
   def _rollout(self, params, prompts_PxL, prompt_len_P, instances_P,
-               script_PxS, script_len_P, key, version, temperature, *, prefill_len):
+               script_PxS, script_len_P, key, version, temperature, *, prefill_len,
+               shared_len=0):
     state = self._init_state(prompts_PxL, prompt_len_P, instances_P,
                              script_PxS, script_len_P, key)
     state = self._advance(params, state, version, jnp.int32(self.max_len),
-                          temperature, prefill_len=prefill_len, shared_rows=self.group_size)
+                          temperature, prefill_len=prefill_len, shared_rows=self.group_size,
+                          shared_len=shared_len)
     return state.to_rollout()
 
   def _advance(self, params, state, version, max_steps, temperature, *, prefill_len,
-               shared_rows=1):
+               shared_rows=1, shared_len=0):
     if self.row_sharding is None:
       return self._advance_rows(params, state, version, max_steps, temperature,
-                                prefill_len=prefill_len, shared_rows=shared_rows)
+                                prefill_len=prefill_len, shared_rows=shared_rows,
+                                shared_len=shared_len)
     rows, rep = PartitionSpec(*self.row_sharding.spec[:1]), PartitionSpec()
     # Rows never meet, so there are no collectives to type-check; without
     # check_vma, environments need no varying-axis casts in their loops.
     return jax.shard_map(
         functools.partial(self._advance_rows, prefill_len=prefill_len,
-                          shared_rows=shared_rows),
+                          shared_rows=shared_rows, shared_len=shared_len),
         mesh=self.row_sharding.mesh, in_specs=(rep, rows, rep, rep, rep),
         out_specs=rows, check_vma=False)(params, state, version, max_steps, temperature)
 
   def _advance_rows(self, params, state, version, max_steps, temperature, *,
-                    prefill_len, shared_rows=1):
+                    prefill_len, shared_rows=1, shared_len=0):
     """Runs the loop on ``state``'s rows (all of them, or one device's).
 
     ``shared_rows``: the rows come in runs of this many (a group's fresh
     episodes) with the same first ``prefill_len`` tokens; each run is
-    prefilled once and its cache repeated (runs split between devices
-    share within each device's rows).
+    prefilled once (runs split between devices share within each device's
+    rows). Its first ``shared_len`` positions (at most every row's prompt)
+    then stay one cache per run, the others are copied to each row's cache;
+    ``shared_len=0`` copies all of them.
     """
     B = state.tokens_BxT.shape[0]
     g = math.gcd(shared_rows, B)
     cache_len = prefill_len if self.cache_segments > 1 else self.max_len
-    cache = model_lib.init_cache(self.model_config, B // g, cache_len)
+    shared = g > 1 and shared_len > 0
+    # The shared cache keeps shared_len slots and each row's at least one.
+    full_len = max(cache_len, shared_len + 1) if shared else cache_len
+    cache = model_lib.init_cache(self.model_config, B // g, full_len)
     _, cache = model_lib.prefill(params, state.tokens_BxT[::g, :prefill_len],
                                  cache, self.model_config)
+    prefix = None
+    if shared:
+      prefix, cache = model_lib.split_slots(cache, shared_len)
     cache = model_lib.repeat_rows(cache, g)
     on_stop = self._env_stop if self.env is not None else self._final_stop
     state, _ = run_loop(params, state, cache, version, max_steps,
                         model_config=self.model_config, sampling=self.sampling,
                         ids=self.ids, on_stop=on_stop, temperature=temperature,
-                        cache_segments=self.cache_segments)
+                        cache_segments=self.cache_segments, prefix_cache=prefix)
     return state
 
   def _init_state(self, prompts_PxL, prompt_len_P, instances_P, script_PxS,
@@ -506,7 +535,7 @@ def cache_sizes(start: int, max_len: int, segments: int) -> tuple[int, ...]:
 def run_loop(params, state: RolloutState, cache: model_lib.KVCache, version,
              max_steps, *, model_config, sampling: SamplingConfig,
              ids: FormatIds | None, on_stop: OnStop, temperature=None,
-             cache_segments: int = 1,
+             cache_segments: int = 1, prefix_cache: model_lib.KVCache | None = None,
              ) -> tuple[RolloutState, model_lib.KVCache]:
   """Runs the token loop until no row is live or ``max_steps`` steps ran.
 
@@ -518,6 +547,10 @@ def run_loop(params, state: RolloutState, cache: model_lib.KVCache, version,
   (one while loop per length; the returned cache has T slots).
   ``temperature`` (a float32 scalar, may be traced) overrides
   ``sampling.temperature``.
+
+  ``prefix_cache``: the rows' groups' shared cache of positions ``0 ..
+  Lp-1`` (``model.decode_step``'s ``prefix``); ``cache`` then holds the
+  positions from ``Lp`` on (and grows to ``T - Lp`` slots).
   """
   params = model_lib.unstack_layers(params)
   T = state.tokens_BxT.shape[1]
@@ -527,7 +560,7 @@ def run_loop(params, state: RolloutState, cache: model_lib.KVCache, version,
   step = lambda s, c: _token_step(params, s, c, version, u_BxT,
                                   model_config=model_config, sampling=sampling,
                                   ids=ids, on_stop=on_stop,
-                                  temperature=temperature)
+                                  temperature=temperature, prefix_cache=prefix_cache)
 
   def body(carry):
     s, c, n = carry
@@ -535,8 +568,9 @@ def run_loop(params, state: RolloutState, cache: model_lib.KVCache, version,
     return s, c, n + 1
 
   n = jnp.int32(0)
-  for size in cache_sizes(cache.max_len, T, cache_segments):
-    cache = model_lib.grow_cache(cache, size)
+  offset = 0 if prefix_cache is None else prefix_cache.max_len
+  for size in cache_sizes(offset + cache.max_len, T, cache_segments):
+    cache = model_lib.grow_cache(cache, size - offset)
 
     def cond(carry, size=size):
       s, _, n = carry
@@ -550,7 +584,7 @@ def run_loop(params, state: RolloutState, cache: model_lib.KVCache, version,
 
 def _token_step(params, state: RolloutState, cache, version, u_BxT, *,
                 model_config, sampling: SamplingConfig, ids: FormatIds | None,
-                on_stop: OnStop, temperature=None):
+                on_stop: OnStop, temperature=None, prefix_cache=None):
   """One token for every live row (see the module docstring); ``u_BxT`` are
   the rows' draws by position (:func:`sampling.position_uniforms`)."""
   B, T = state.tokens_BxT.shape
@@ -558,7 +592,7 @@ def _token_step(params, state: RolloutState, cache, version, u_BxT, *,
   live = ~state.ended_B & ~state.awaiting_B
   cur = state.cur_B
   logits_BxV, cache = model_lib.decode_step(
-      params, state.tokens_BxT[rows, cur], cur, cache, model_config)
+      params, state.tokens_BxT[rows, cur], cur, cache, model_config, prefix=prefix_cache)
   w = jnp.minimum(cur + 1, T - 1)
 
   logp_BxV = sampling_lib.sampling_log_probs(logits_BxV, sampling, temperature)
