@@ -1,0 +1,32 @@
+"""The prefix-sharing benchmark runs end to end on a tiny shape and writes its JSON."""
+
+import json
+import os
+import subprocess
+import sys
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_tiny_run_writes_json(tmp_path):
+  out = tmp_path / "bench_prefix.json"
+  subprocess.run(
+      [sys.executable, "-m", "experiments.bench_prefix", f"--out={out}",
+       "--prompt_len=16", "--new_tokens=4", "--groups=4", "--prompts=2", "--d_model=32",
+       "--n_layers=1", "--n_heads=2", "--n_kv_heads=1", "--mlp_dim=64", "--vocab=64",
+       "--repeats=2", "--calls=1", "--warmup=0"],
+      cwd=_ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), check=True,
+      capture_output=True, text=True, timeout=600)
+  result = json.loads(out.read_text())
+  assert result["config"]["groups"] == [4] and result["config"]["batch_rows"] == {"4": 8}
+  for part in ("rollout", "learner"):
+    assert set(result[f"{part}_speedup"]) == {"4"}
+    assert result[f"{part}_speedup"]["4"] > 0
+    times = result[f"{part}_s"]["4"]
+    assert set(times) == {"shared", "plain"}
+    assert all(0 < t["min"] <= t["median"] for t in times.values())
+  # The contenders compute the same: tokens, and the loss to rounding.
+  assert result["rollout_tokens_equal"] == {"4": True}
+  assert result["learner_loss_rel_diff"]["4"] < 1e-5
+  assert result["prefix_len"] == {"4": 16}  # the whole prompt, a bucket
+  assert result["model_params"] > 0
