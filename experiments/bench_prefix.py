@@ -9,30 +9,38 @@ RL samples G completions of each prompt. For each G in ``--groups``, a batch
 of ``--prompts`` random prompts of ``--prompt_len`` tokens, G rows each
 (``B = prompts * G``), on one randomly initialised Llama-style model (by
 default bench_learner's: 0.79M parameters, hidden 128, 2 layers, 4 heads
-(MHA), SwiGLU 512, vocab 1024, untied), and two pairs of contenders:
+(MHA), SwiGLU 512, vocab 1024, untied), and the contenders:
 
 * rollout (prefill, then ``--new_tokens`` sampled tokens per row at
   temperature 1, no stop token, no environment; one jitted
-  ``RolloutEngine.rollout`` call): ``shared``, an engine of group size G,
-  which prefills each prompt once and copies its KV cache to its G rows;
-  ``plain``, an engine of group size 1 given every prompt G times, which
-  prefills every row. Same key: the same tokens (checked);
+  ``RolloutEngine.rollout`` call): ``shared``, an engine of group size G
+  with ``decode_shared_prefix``: each prompt prefilled once, its G rows
+  decoding from one cache of it (read once per group per step);
+  ``shared_prefill``, the engine's default: each prompt prefilled once and
+  its cache copied to its G rows; ``plain``, an engine of group size 1
+  given every prompt G times, which prefills every row. Same key: the same
+  tokens (checked: ``shared_prefill`` must match ``plain``; ``shared``'s
+  log-probs agree to rounding, which can move a draw at a token boundary,
+  so the rows whose tokens differ are counted);
 * learner (one PPO update, token-mean, AdamW, on the shared rollout's batch;
   ``learner.shard_train_step``): ``shared``, ``rl_loss(group_size=G)`` with
   the step finding the shared prefix (``--prompt_len`` rounded down to a
   bucket, 512 stays 512) and running it once per group; ``plain``, the
   unshared forward over all ``B x (prompt_len + new_tokens)`` tokens. The
-  losses agree to float rounding (checked).
+  log-probs and the gradient norm agree to float rounding (checked).
 
 Compilation and ``--warmup`` calls are excluded; then ``--repeats``
 interleaved rounds, each timing ``--calls`` calls in a row of every
 contender of every G (in reverse order every other round), so a shared
 machine's changing speed affects all alike; a round's time is the mean of
 its calls, and each contender's best round is reported. Writes JSON with ``rollout_speedup`` and ``learner_speedup``
-(plain's best time over shared's, keyed by G as a string), the raw times
+(plain's best time over shared's, keyed by G as a string),
+``rollout_prefill_only_speedup`` (plain over shared_prefill), the raw times
 (``rollout_s``, ``learner_s``: per G, per contender, ``min`` and ``median``
-seconds), the compile times, the checks (``rollout_tokens_equal``,
-``learner_loss_rel_diff``, ``prefix_len``) and the config measured.
+seconds), the compile times, the checks (``rollout_tokens_equal`` and
+``rollout_rows_differing`` per contender, ``rollout_logp_max_abs_diff`` of
+``shared`` on the rows that agree, ``learner_logp_max_abs_diff``,
+``learner_grad_norm_rel_diff``, ``prefix_len``) and the config measured.
 """
 
 from __future__ import annotations
@@ -57,7 +65,8 @@ from agentic_rl.train import learner
 from agentic_rl.train import sharding
 from experiments import common
 
-CONTENDERS = ("shared", "plain")
+CONTENDERS = {"rollout": ("shared", "shared_prefill", "plain"),
+              "learner": ("shared", "plain")}
 
 _OUT = flags.DEFINE_string("out", "runs/bench_prefix.json", "JSON output path.")
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 512, "Prompt tokens per row.")
@@ -116,7 +125,7 @@ def _timed(fn, calls: int) -> float:
 
 
 def rollouts(cfg: BenchConfig, config, params, G: int, row_sharding):
-  """``({contender: run}, compile_s, shared_rollout, tokens_equal)``."""
+  """``({contender: run}, compile_s, shared_prefill's rollout, checks)``."""
   P, L, N = cfg.prompts, cfg.prompt_len, cfg.new_tokens
   rng = np.random.default_rng(cfg.seed + G)
   prompts_PxL = rng.integers(1, config.vocab_size, (P, L)).astype(np.int32)
@@ -124,11 +133,13 @@ def rollouts(cfg: BenchConfig, config, params, G: int, row_sharding):
                                     max_total_tokens=L + N)
   key = jax.random.key(cfg.seed)
   rep = lambda x: np.repeat(x, G, axis=0)  # noqa: E731
-  inputs = {"shared": (G, prompts_PxL), "plain": (1, rep(prompts_PxL))}
+  inputs = {"shared": (G, prompts_PxL, True), "shared_prefill": (G, prompts_PxL, False),
+            "plain": (1, rep(prompts_PxL), False)}
   runs, compile_s, outs = {}, {}, {}
-  for name, (group_size, prompts) in inputs.items():
+  for name, (group_size, prompts, shared_decode) in inputs.items():
     engine = rollout.RolloutEngine(config, sampling, None, batch_size=P * G,
-                                   group_size=group_size, row_sharding=row_sharding)
+                                   group_size=group_size, row_sharding=row_sharding,
+                                   decode_shared_prefix=shared_decode)
     lens = np.full((len(prompts),), L, np.int32)
 
     def run(engine=engine, prompts=prompts, lens=lens):
@@ -141,12 +152,22 @@ def rollouts(cfg: BenchConfig, config, params, G: int, row_sharding):
       raise RuntimeError(f"{name} rows hold {np.asarray(outs[name].length_B)} tokens, "
                          f"expected {L + N}")
     runs[name] = run
-  equal = bool(np.array_equal(outs["shared"].tokens_BxT, outs["plain"].tokens_BxT))
-  return runs, compile_s, outs["shared"], equal
+  plain_tokens = np.asarray(outs["plain"].tokens_BxT)
+  checks = {"tokens_equal": {}, "rows_differing": {}}
+  for name in ("shared", "shared_prefill"):
+    same_B = np.all(np.asarray(outs[name].tokens_BxT) == plain_tokens, axis=1)
+    checks["tokens_equal"][name] = bool(same_B.all())
+    checks["rows_differing"][name] = int((~same_B).sum())
+  same_B = np.all(np.asarray(outs["shared"].tokens_BxT) == plain_tokens, axis=1)
+  diff = np.abs(np.asarray(outs["shared"].behaviour_logp_BxT)
+                - np.asarray(outs["plain"].behaviour_logp_BxT))[same_B]
+  checks["logp_max_abs_diff"] = float(diff.max()) if diff.size else None
+  return runs, compile_s, outs["shared_prefill"], checks
 
 
 def learner_steps(cfg: BenchConfig, config, params, G: int, ro, mesh):
-  """``({contender: run}, compile_s, loss_rel_diff, prefix_len)``."""
+  """``({contender: run}, compile_s, checks, prefix_len)``: the checks compare
+  the first update's log-probs and gradient norm."""
   B = ro.tokens_BxT.shape[0]
   rng = np.random.default_rng(cfg.seed)
   batch = {"tokens_BxT": np.asarray(ro.tokens_BxT),
@@ -156,7 +177,7 @@ def learner_steps(cfg: BenchConfig, config, params, G: int, ro, mesh):
   batch = sharding.shard_batch(batch, mesh)
   optimizer = objectives.make_optimizer(objectives.OptimizerConfig())
   objective = objectives.ObjectiveConfig(loss="ppo")
-  runs, compile_s, losses = {}, {}, {}
+  runs, compile_s, first = {}, {}, {}
   for name, group_size in (("shared", G), ("plain", 1)):
     step, state_sh = learner.shard_train_step(
         learner.make_train_step(learner.rl_loss(config, objective, group_size=group_size),
@@ -170,11 +191,14 @@ def learner_steps(cfg: BenchConfig, config, params, G: int, ro, mesh):
       return jax.block_until_ready(out)
 
     start = time.perf_counter()
-    losses[name] = float(run()[1]["learner/loss"])
+    _, metrics, outputs = run()
     compile_s[name] = time.perf_counter() - start
+    first[name] = (float(metrics["learner/grad_norm"]), np.asarray(outputs["logp_BxT"]))
     runs[name] = run
-  rel = abs(losses["shared"] - losses["plain"]) / max(abs(losses["plain"]), 1e-30)
-  return runs, compile_s, rel, learner.shared_prefix_len(batch["tokens_BxT"], G)
+  (norm_s, logp_s), (norm_p, logp_p) = first["shared"], first["plain"]
+  checks = {"logp_max_abs_diff": float(np.max(np.abs(logp_s - logp_p))),
+            "grad_norm_rel_diff": abs(norm_s - norm_p) / max(abs(norm_p), 1e-30)}
+  return runs, compile_s, checks, learner.shared_prefix_len(batch["tokens_BxT"], G)
 
 
 def _stats(times_s) -> dict[str, float]:
@@ -192,18 +216,20 @@ def run(cfg: BenchConfig) -> dict:
   row_mesh = jax.make_mesh((len(devices),), ("rows",), devices=devices,
                            axis_types=(jax.sharding.AxisType.Auto,))
   row_sharding = NamedSharding(row_mesh, PartitionSpec("rows")) if len(devices) > 1 else None
-  contenders, result = {}, {"rollout_compile_s": {}, "learner_compile_s": {},
-                            "rollout_tokens_equal": {}, "learner_loss_rel_diff": {},
-                            "prefix_len": {}}
+  contenders, result = {}, {}
   for G in cfg.groups:
     g = str(G)
-    runs, compile_s, ro, equal = rollouts(cfg, config, params, G, row_sharding)
+    runs, compile_s, ro, checks = rollouts(cfg, config, params, G, row_sharding)
     contenders.update({("rollout", g, k): v for k, v in runs.items()})
-    result["rollout_compile_s"][g], result["rollout_tokens_equal"][g] = compile_s, equal
-    runs, compile_s, rel, prefix_len = learner_steps(cfg, config, params, G, ro, mesh)
+    result.setdefault("rollout_compile_s", {})[g] = compile_s
+    for k, v in checks.items():
+      result.setdefault(f"rollout_{k}", {})[g] = v
+    runs, compile_s, checks, prefix_len = learner_steps(cfg, config, params, G, ro, mesh)
     contenders.update({("learner", g, k): v for k, v in runs.items()})
-    result["learner_compile_s"][g], result["learner_loss_rel_diff"][g] = compile_s, rel
-    result["prefix_len"][g] = prefix_len
+    result.setdefault("learner_compile_s", {})[g] = compile_s
+    for k, v in checks.items():
+      result.setdefault(f"learner_{k}", {})[g] = v
+    result.setdefault("prefix_len", {})[g] = prefix_len
   for fn in contenders.values():
     for _ in range(cfg.warmup):
       fn()
@@ -213,11 +239,13 @@ def run(cfg: BenchConfig) -> dict:
     for key in order:
       times[key].append(_timed(contenders[key], cfg.calls))
     order.reverse()  # no contender always follows the same one
-  for part in ("rollout", "learner"):
-    result[f"{part}_s"] = {str(G): {k: _stats(times[part, str(G), k]) for k in CONTENDERS}
+  for part, names in CONTENDERS.items():
+    result[f"{part}_s"] = {str(G): {k: _stats(times[part, str(G), k]) for k in names}
                            for G in cfg.groups}
     result[f"{part}_speedup"] = {
         g: t["plain"]["min"] / t["shared"]["min"] for g, t in result[f"{part}_s"].items()}
+  result["rollout_prefill_only_speedup"] = {
+      g: t["plain"]["min"] / t["shared_prefill"]["min"] for g, t in result["rollout_s"].items()}
   result.update(
       model_params=int(num_params), config=dataclasses.asdict(cfg) | {
           "head_dim": config.head_dim, "batch_rows": {str(G): cfg.prompts * G
@@ -236,13 +264,14 @@ def print_table(result: dict) -> None:
         f"{c['prompt_len']} tokens, {c['new_tokens']} new tokens, {result['devices']} "
         f"{result['backend']} device(s) (load average {result['load_avg_1m'][0]:.1f} -> "
         f"{result['load_avg_1m'][1]:.1f})")
-  print(f"{'G':>4}{'part':>9}{'shared s (median)':>22}{'plain s (median)':>21}"
-        f"{'speedup':>9}")
+  print(f"{'G':>4}{'contender':>24}{'best s (median)':>20}{'plain / it':>12}")
   for g in result["rollout_s"]:
-    for part in ("rollout", "learner"):
-      s, p = result[f"{part}_s"][g]["shared"], result[f"{part}_s"][g]["plain"]
-      print(f"{g:>4}{part:>9}{s['min']:>12.3f} ({s['median']:.3f}){p['min']:>12.3f} "
-            f"({p['median']:.3f}){result[f'{part}_speedup'][g]:>8.2f}x")
+    for part, names in CONTENDERS.items():
+      times = result[f"{part}_s"][g]
+      for name in names:
+        t = times[name]
+        print(f"{g:>4}{part + ' ' + name:>24}{t['min']:>12.3f} ({t['median']:.3f})"
+              f"{times['plain']['min'] / t['min']:>11.2f}x")
 
 
 def main(argv):

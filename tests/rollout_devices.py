@@ -10,7 +10,9 @@ and resumed; in one call by the training loop's engine on a ``data=2,
 tensor=2`` mesh (rows split over ``data``, replicated over ``tensor``),
 which has group size 1 and takes every prompt repeated. Then the first 2
 prompts x 4 samples: with group size 4 split over 4 devices (each group's
-prefill shared by its 2 rows on each device), and by the loop's engine.
+prefill shared by its 2 rows on each device; and with the decode steps
+reading the shared prompt cache, ``decode_shared_prefix``), and by the
+loop's engine.
 Prints each rollout's arrays (and how many devices hold them) as one JSON
 line.
 """
@@ -37,10 +39,10 @@ def main():
   inputs, script, instances = s["inputs"], s["script"], s["instances"]
   key = jax.random.key(7)
 
-  def engine(row_sharding, group_size=G):
+  def engine(row_sharding, group_size=G, **kwargs):
     return rollout.RolloutEngine(config, SAMPLING, codec.ids, env=env,
                                  batch_size=NUM_PROMPTS * G, group_size=group_size,
-                                 row_sharding=row_sharding)
+                                 row_sharding=row_sharding, **kwargs)
 
   mesh = jax.make_mesh((4,), ("rows",), axis_types=(jax.sharding.AxisType.Auto,))
   split = engine(NamedSharding(mesh, P("rows")))
@@ -63,6 +65,9 @@ def main():
   inputs2, script2 = jax.tree.map(first2, (inputs, script))
   out["group_split_four_devices"] = engine(NamedSharding(mesh, P("rows")), 4).rollout(
       params, *inputs2, key, 0, **script2)
+  out["group_split_shared_decode"] = engine(
+      NamedSharding(mesh, P("rows")), 4, decode_shared_prefix=True).rollout(
+          params, *inputs2, key, 0, **script2)
   rep4 = lambda x: np.repeat(x, 4, axis=0)  # noqa: E731
   out["loop_engine_groups_of_4"] = loop_engine.rollout(
       params, *jax.tree.map(rep4, inputs2), key, 0, **jax.tree.map(rep4, script2))

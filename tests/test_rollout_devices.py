@@ -33,7 +33,8 @@ def test_rows_split_over_four_devices_match_one_device():
   # The loop's engine (group size 1, prompts repeated) prefills every row;
   # the others prefill each prompt once per device holding its rows.
   for name, ref in (("partial_four_devices", "one_device"), ("loop_engine", "one_device"),
-                    ("group_split_four_devices", "loop_engine_groups_of_4")):
+                    ("group_split_four_devices", "loop_engine_groups_of_4"),
+                    ("group_split_shared_decode", "loop_engine_groups_of_4")):
     got, want = out[name], out[ref]
     assert got["devices"] == 4, name
     for field in ("tokens_BxT", "loss_mask_BxT", "version_BxT", "reward_B",

@@ -239,11 +239,11 @@ def test_input_errors(setup):
 ROWS = 4  # rows of the prefix-sharing tests: 4 prompts of 1, 2 of 2 or 1 of 4
 
 
-def _engine(s, with_env, group_size):
+def _engine(s, with_env, group_size, decode_shared_prefix=False):
   sampling = SAMPLING if with_env else dataclasses.replace(SAMPLING, max_turns=1)
   return rollout.RolloutEngine(
       s["config"], sampling, s["codec"].ids, env=s["env"] if with_env else None,
-      batch_size=ROWS, group_size=group_size,
+      batch_size=ROWS, group_size=group_size, decode_shared_prefix=decode_shared_prefix,
       cache_segments=1)  # one decode loop: a quicker compile
 
 
@@ -270,14 +270,15 @@ def unshared(setup):
   return out
 
 
-@pytest.mark.parametrize("with_env", [True, False], ids=["env", "no_env"])
-@pytest.mark.parametrize("group_size", [1, 2, 4])
+@pytest.mark.parametrize("group_size, with_env, shared_decode", [
+    (g, env, False) for g in (1, 2, 4) for env in (True, False)]
+    + [(2, True, True), (4, False, True)])
 def test_each_prompt_is_prefilled_once_with_the_rollouts_of_repeated_prompts(
-    setup, unshared, group_size, with_env, monkeypatch):
-  """An engine of group size G prefills its P prompts once and its G rows
-  decode from the prompt's shared cache: the same episodes as G = 1 on
-  every prompt repeated G times (same key: the rows' draws do not depend
-  on G)."""
+    setup, unshared, group_size, with_env, shared_decode, monkeypatch):
+  """An engine of group size G prefills its P prompts once and copies each
+  cache to its G rows, or (``decode_shared_prefix``) its G rows decode from
+  one cache of the prompt: the same episodes as G = 1 on every prompt
+  repeated G times (same key: the rows' draws do not depend on G)."""
   s = setup
   prefilled = []
   prefill = model_lib.prefill
@@ -297,24 +298,26 @@ def test_each_prompt_is_prefilled_once_with_the_rollouts_of_repeated_prompts(
   monkeypatch.setattr(model_lib, "decode_step", decode_spy)
   prompts = [0, 1, 0, 1][:ROWS // group_size] if group_size < ROWS else [0]
   args, script = _rows(s, with_env, prompts)
-  shared = _engine(s, with_env, group_size).rollout(s["params"], *args, jax.random.key(13),
-                                                    0, **script)
+  shared = _engine(s, with_env, group_size, shared_decode).rollout(
+      s["params"], *args, jax.random.key(13), 0, **script)
   assert prefilled == [ROWS // group_size]
-  # The decode steps read one cache per prompt of its shortest length's
-  # power of two.
+  # With decode_shared_prefix the decode steps read one cache per prompt of
+  # the shortest prompt length's power of two.
   shortest = int(np.min(args[1]))
   ls = 1 << (shortest.bit_length() - 1)
   c = s["config"]
-  assert decoded == [None if group_size == 1 else
-                     (ROWS // group_size, c.n_kv_heads, ls, c.head_dim)]
+  assert decoded == [(ROWS // group_size, c.n_kv_heads, ls, c.head_dim)
+                     if shared_decode and group_size > 1 else None]
   assert ls > shortest // 2
   plain = unshared[with_env, tuple(np.repeat(prompts, group_size))]
   for field in ("tokens_BxT", "loss_mask_BxT", "turn_BxT", "version_BxT", "length_B",
                 "reward_B", "done_B", "truncated_B", "num_tool_calls_B"):
     np.testing.assert_array_equal(getattr(shared, field), getattr(plain, field), err_msg=field)
-  # The shared and the own cache slots are summed apart: float rounding.
-  np.testing.assert_allclose(shared.behaviour_logp_BxT, plain.behaviour_logp_BxT, atol=1e-5)
-  np.testing.assert_allclose(shared.entropy_BxT, plain.entropy_BxT, atol=1e-5)
+  # The prefill's matmuls have P rows, not B; the shared decode sums the
+  # shared and the own cache slots apart: float rounding.
+  atol = 1e-5 if shared_decode else 1e-6
+  np.testing.assert_allclose(shared.behaviour_logp_BxT, plain.behaviour_logp_BxT, atol=atol)
+  np.testing.assert_allclose(shared.entropy_BxT, plain.entropy_BxT, atol=atol)
   assert (np.asarray(shared.loss_mask_BxT) > 0).sum(axis=1).min() > 0
   if group_size > 1:  # the samples of a prompt go their own ways after it
     tokens = np.asarray(shared.tokens_BxT).reshape(ROWS // group_size, group_size, -1)

@@ -15,14 +15,13 @@ the model's :func:`~agentic_rl.model.decode_step`:
   rows that stopped), its observation is framed by the codec and queued, and
   the episode ends on ``done``/``truncated``, a final stop id, or a limit.
 
-Fresh episodes prefill each of the P prompts once, and the G rows of a
-prompt share its cache: the positions every prompt of the batch holds (its
-shortest length, rounded down to a power of two) stay one cache per group
-that the G rows' decode steps read together
-(``model.decode_step(..., prefix=...)``), the rest of the prompt is copied
-to each row's own cache (:meth:`RolloutEngine.rollout`). The loop exits early when no row is
-live (with a ``row_sharding``, each device runs its own loop on its share of
-the rows). The KV cache starts at
+Fresh episodes prefill each of the P prompts once and copy its KV cache to
+its G rows (the cache the rows' own prefills write, computed for P rows
+instead of B); with ``decode_shared_prefix`` the G rows instead decode from
+one cache of the prompt's first positions, read once per group
+(``model.decode_step(..., prefix=...)``; :meth:`RolloutEngine.rollout`).
+The loop exits early when no row is live (with a ``row_sharding``, each
+device runs its own loop on its share of the rows). The KV cache starts at
 the prompt length and grows to the row capacity in up to ``cache_segments``
 steps (one while loop per size), so attention reads about as many slots as
 the rows hold. Episode limits (tokens per turn, turns, total tokens) truncate a row.
@@ -111,13 +110,24 @@ class RolloutEngine:
       loop on its rows alone and stops when they end. Randomness is per row,
       so the result equals the one-device rollout (log-probs to float
       rounding). Single-process meshes.
+    decode_shared_prefix: the G rows of a prompt decode from one KV cache of
+      its first ``Ls`` positions (``Ls`` the batch's shortest prompt length
+      rounded down to a power of two), which their decode steps read once
+      per group, and each row's own cache holds the positions after it:
+      fewer cache reads per step with long prompts (BENCHMARKS.md, "Group
+      prefix sharing"). The log-probs equal those without it to float
+      rounding only, so a draw that falls within that rounding of the
+      boundary between two tokens can take the other one (2 of 2048 tokens
+      in ``experiments/bench_prefix.py`` at G = 16, a random model's
+      near-uniform distribution over 1024 tokens); off by default.
   """
 
   def __init__(self, model_config: model_lib.TransformerConfig,
                sampling: SamplingConfig, ids: FormatIds | None, *,
                env: JaxEnv | None = None, batch_size: int, group_size: int = 1,
                cache_segments: int = 4,
-               row_sharding: NamedSharding | None = None):
+               row_sharding: NamedSharding | None = None,
+               decode_shared_prefix: bool = False):
     self.model_config = model_config.validate()
     self.sampling = sampling.validate()
     _check_int("batch_size", batch_size)
@@ -144,6 +154,7 @@ class RolloutEngine:
     self.num_prompts = batch_size // group_size
     self.cache_segments = cache_segments
     self.row_sharding = row_sharding
+    self.decode_shared_prefix = bool(decode_shared_prefix)
     if row_sharding is not None:
       axes = row_sharding.spec[0] if row_sharding.spec else None
       axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
@@ -189,14 +200,14 @@ class RolloutEngine:
       :class:`Rollout` with ``B = P * G`` rows, prompt-major.
 
     Each prompt is prefilled once (on each device's share of the rows with a
-    ``row_sharding``); its first ``Ls`` positions, ``Ls`` the shortest
-    prompt length rounded down to a power of two, stay one KV cache per
-    group that its G rows' decode steps read together, the rest is copied
-    to each row's cache. The tokens equal those of G = 1 with every prompt
-    repeated G times, the log-probs to float rounding (the prefill's
-    matmuls have P rows, not B, and attention sums the shared and the own
-    slots separately). A batch whose shortest prompt length changes bucket
-    compiles again.
+    ``row_sharding``) and its KV cache copied to its G rows: the same
+    episodes as G = 1 with every prompt repeated G times (the log-probs to
+    float rounding: the prefill's matmuls have P rows, not B). With
+    ``decode_shared_prefix`` the first ``Ls`` positions (the shortest prompt
+    length rounded down to a power of two) stay one cache per group that
+    the G rows' decode steps read together: the log-probs to float rounding
+    (the attention sums the shared and the own slots apart), and a batch
+    whose shortest prompt length changes power of two compiles again.
     """
     args = self._check_inputs(prompts_PxL, prompt_len_P, instances_P,
                               script_PxS, script_len_P)
@@ -247,11 +258,13 @@ class RolloutEngine:
 
   # --------------------------------------------------------- input checks
   def _shared_len(self, prompt_len_P) -> int:
-    """The prompt positions each group decodes from one shared cache: the
-    shortest prompt length rounded down to a power of two (few values, so
-    few compiles); 0 for G = 1 or traced lengths."""
+    """The prompt positions each group decodes from one shared cache
+    (``decode_shared_prefix``): the shortest prompt length rounded down to a
+    power of two (few values, so few compiles); 0 without it, for G = 1 or
+    traced lengths."""
     lens = model_lib.transformer.concrete_or_none(prompt_len_P)
-    if self.group_size == 1 or lens is None or not lens.size:
+    if not self.decode_shared_prefix or self.group_size == 1 or lens is None \
+        or not lens.size:
       return 0
     return 1 << (int(lens.min()).bit_length() - 1)
 
