@@ -36,13 +36,6 @@ from absl import app, flags
 from agentic_rl.train import metrics as metrics_lib
 from experiments import common
 
-_OUT = flags.DEFINE_string("out", "docs/long_horizon", "Where the results go.")
-_WORKDIR = flags.DEFINE_string("workdir", "/tmp/agentic_rl_long_horizon", "Run directories.")
-_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds.")
-_JOBS = flags.DEFINE_integer("jobs", 2, "Runs at a time.")
-_TINY = flags.DEFINE_bool("tiny", False, "Test scale (tiny model, a few steps).")
-_STUDIES = flags.DEFINE_list("studies", ["context", "toggle"], "Studies to run.")
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The scale of every run, small enough for 18 runs on a 2-core CPU: a
 # shorter warm start and RL stage than the default run's (uniform
@@ -176,5 +169,18 @@ def main(argv):
   print(open(os.path.join(_OUT.value, "results.md")).read())
 
 
+def _define_flags():
+  """The command line (defined only when run as a script, so importing the
+  module beside other experiments defines no flags)."""
+  global _OUT, _WORKDIR, _SEEDS, _JOBS, _TINY, _STUDIES
+  _OUT = flags.DEFINE_string("out", "docs/long_horizon", "Where the results go.")
+  _WORKDIR = flags.DEFINE_string("workdir", "/tmp/agentic_rl_long_horizon", "Run directories.")
+  _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds.")
+  _JOBS = flags.DEFINE_integer("jobs", 2, "Runs at a time.")
+  _TINY = flags.DEFINE_bool("tiny", False, "Test scale (tiny model, a few steps).")
+  _STUDIES = flags.DEFINE_list("studies", ["context", "toggle"], "Studies to run.")
+
+
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)

@@ -194,7 +194,7 @@ def policy_tokens(rollout) -> np.ndarray:
   """int ``[B]``: the tokens each episode's policy wrote, over all its
   segments."""
   tokens = (np.asarray(rollout.loss_mask_BxT) > 0).sum(axis=1)
-  if rollout.segments is not None:
+  if getattr(rollout, "segments", None) is not None:
     tokens = tokens + (np.asarray(rollout.segments.loss_mask_BxKxT) > 0).sum(axis=(1, 2))
   return tokens
 
