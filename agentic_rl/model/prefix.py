@@ -104,32 +104,15 @@ def suffix_attention(q_BxSxHxD: jax.Array, k_BxSxKxD: jax.Array, v_BxSxKxD: jax.
 
 def _suffix_attention(q_BxSxHxD, k_BxSxKxD, v_BxSxKxD, prefix_k_PxLxKxD, prefix_v_PxLxKxD,
                       sliding_window, *, softcap):
-  B, S, H, D = q_BxSxHxD.shape
-  P, L, K = prefix_k_PxLxKxD.shape[:3]
-  if B % P or H % K:
-    raise ValueError(f"{B} suffix rows do not split into {P} groups, or {H} query heads "
-                     f"into {K} key/value heads")
-  G, R = B // P, H // K
-  f32 = jnp.float32
-  q = q_BxSxHxD.reshape(P, G, S, K, R, D)
-  k = k_BxSxKxD.reshape(P, G, S, K, D)
-  v = v_BxSxKxD.reshape(P, G, S, K, D)
-  scale = D ** -0.5
-  s_prefix = jnp.einsum("pgskrd,plkd->pgkrsl", q, prefix_k_PxLxKxD,
-                        preferred_element_type=f32) * scale
-  s_self = jnp.einsum("pgskrd,pgtkd->pgkrst", q, k, preferred_element_type=f32) * scale
-  s = jnp.concatenate([s_prefix, s_self], axis=-1)
-  if softcap is not None:
-    s = softcap * jnp.tanh(s / softcap)
-  q_pos_1xS = L + jnp.arange(S, dtype=jnp.int32)[None]
-  kv_pos_1xN = jnp.arange(L + S, dtype=jnp.int32)[None]
-  mask_SxN = reference.attention_mask(q_pos_1xS, kv_pos_1xN, causal=True,
-                                      sliding_window=sliding_window)[0]
-  p = reference.masked_softmax(s, mask_SxN).astype(v_BxSxKxD.dtype)
-  out = (jnp.einsum("pgkrsl,plkd->pgskrd", p[..., :L], prefix_v_PxLxKxD,
-                    preferred_element_type=f32)
-         + jnp.einsum("pgkrst,pgtkd->pgskrd", p[..., L:], v, preferred_element_type=f32))
-  return out.reshape(B, S, H, D).astype(q_BxSxHxD.dtype)
+  """:func:`cache_attention` over sequence-major keys: the suffix's query
+  ``i`` is at position ``L + i``."""
+  B, S = q_BxSxHxD.shape[:2]
+  L = prefix_k_PxLxKxD.shape[1]
+  head_major = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731
+  q_positions_BxS = jnp.broadcast_to(L + jnp.arange(S, dtype=jnp.int32), (B, S))
+  return cache_attention(q_BxSxHxD, head_major(prefix_k_PxLxKxD), head_major(prefix_v_PxLxKxD),
+                         head_major(k_BxSxKxD), head_major(v_BxSxKxD), q_positions_BxS,
+                         sliding_window=sliding_window, softcap=softcap)
 
 
 def forward_hidden(params, tokens_BxT: jax.Array, config: TransformerConfig, *,
