@@ -278,15 +278,7 @@ def run(cfg: BenchConfig) -> dict:
         contenders.pop(("tunix", layout), None)
   if skipped:
     result["tunix_skipped"] = skipped
-  for fn in contenders.values():
-    for _ in range(cfg.warmup):
-      fn()
-  times = {key: [] for key in contenders}
-  for _ in range(cfg.repeats):
-    for key, fn in contenders.items():
-      start = time.perf_counter()
-      fn()
-      times[key].append(time.perf_counter() - start)
+  times = common.time_interleaved(contenders, warmup=cfg.warmup, repeats=cfg.repeats)
 
   for who in ("ours", "tunix"):
     if (who, LAYOUTS[0]) in times:

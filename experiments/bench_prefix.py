@@ -116,14 +116,6 @@ class BenchConfig:
         head_dim=self.d_model // self.n_heads, mlp_dim=self.mlp_dim, rope_theta=1e6)
 
 
-def _timed(fn, calls: int) -> float:
-  """Mean seconds of ``calls`` calls in a row."""
-  start = time.perf_counter()
-  for _ in range(calls):
-    fn()
-  return (time.perf_counter() - start) / calls
-
-
 def rollouts(cfg: BenchConfig, config, params, G: int, row_sharding):
   """``({contender: run}, compile_s, shared_prefill's rollout, checks)``."""
   P, L, N = cfg.prompts, cfg.prompt_len, cfg.new_tokens
@@ -230,15 +222,8 @@ def run(cfg: BenchConfig) -> dict:
     for k, v in checks.items():
       result.setdefault(f"learner_{k}", {})[g] = v
     result.setdefault("prefix_len", {})[g] = prefix_len
-  for fn in contenders.values():
-    for _ in range(cfg.warmup):
-      fn()
-  times = {key: [] for key in contenders}
-  order = list(contenders)
-  for _ in range(cfg.repeats):
-    for key in order:
-      times[key].append(_timed(contenders[key], cfg.calls))
-    order.reverse()  # no contender always follows the same one
+  times = common.time_interleaved(contenders, warmup=cfg.warmup, repeats=cfg.repeats,
+                                  calls=cfg.calls)
   for part, names in CONTENDERS.items():
     result[f"{part}_s"] = {str(G): {k: _stats(times[part, str(G), k]) for k in names}
                            for G in cfg.groups}
