@@ -165,6 +165,46 @@ def test_share_prefix_gives_the_losses_of_the_plain_learner(tmp_path, monkeypatc
   assert any(r["learner/grad_norm"] > 0 for r in plain)
 
 
+def test_decode_shared_prefix_decodes_groups_from_one_cache(tmp_path, monkeypatch):
+  """``sampling.decode_shared_prefix``: the engine decodes each group from
+  one copy of its prompt's cache, and the behaviour log-probs it records
+  are the learner's."""
+  from agentic_rl.rollout.engine import RolloutEngine  # pylint: disable=import-outside-toplevel
+  shared, shared_len = [], RolloutEngine._shared_len  # pylint: disable=protected-access
+
+  def spy(self, prompt_len_P):
+    shared.append(shared_len(self, prompt_len_P))
+    return shared[-1]
+
+  monkeypatch.setattr(RolloutEngine, "_shared_len", spy)
+  cfg = _rl_only(iterations=2)
+  cfg.sampling.decode_shared_prefix = True
+  records = _rl_records(cfg, tmp_path)
+  assert max(shared) >= 16, shared  # the training groups decoded from a shared prefix
+  for r in records:
+    if "shift/logprob_mismatch_max" in r:
+      assert r["shift/logprob_mismatch_max"] < 1e-4, r
+  assert any("shift/logprob_mismatch_max" in r for r in records)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda c: c.sampling.update(decode_shared_prefix=True), None),
+    (lambda c: (c.sampling.update(decode_shared_prefix=True), c.rl.update(group_size=1)),
+     "no RL stage has group_size >= 2"),
+    (lambda c: (c.sampling.update(decode_shared_prefix=True),
+                c.tasks.update(source="host", host_env="guess_number")), "host loop"),
+])
+def test_decode_shared_prefix_refusals(edit, match):
+  from agentic_rl.train import config as config_lib  # pylint: disable=import-outside-toplevel
+  cfg = default.get_config("tiny")
+  edit(cfg)
+  if match is None:
+    config_lib.validate(cfg)
+  else:
+    with pytest.raises(config_lib.ConfigError, match=match):
+      config_lib.validate(cfg)
+
+
 @pytest.mark.parametrize("edit, match", [
     (lambda c: c.rl.update(share_prefix=True, group_size=1, advantage="reinforce_pp"),
      "group_size=1 makes groups of one rollout"),

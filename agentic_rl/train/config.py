@@ -427,6 +427,13 @@ def _validate(cfg) -> None:
   model_cfg = model_config(cfg)
   check_logprob_impl(cfg)
   sampling_config(cfg)
+  if cfg.sampling.get("decode_shared_prefix", False):
+    if cfg.tasks.get("source", "jax") == "host":
+      _err("config.sampling.decode_shared_prefix shares a group's prompt cache in the jitted "
+           "rollout engine; host environments run the host loop, which does not: set it False")
+    if not any(cfg[n].kind == "rl" and cfg[n].group_size > 1 for n in cfg.stages):
+      _err("config.sampling.decode_shared_prefix decodes a group's rollouts from one shared "
+           "prompt cache, and no RL stage has group_size >= 2: raise group_size or set it False")
   export_lib.wants_deploy_check(cfg, model_cfg)
   if not 0 < cfg.export.check_prompts <= cfg.tasks.test_size:
     _err(f"config.export.check_prompts must be in [1, config.tasks.test_size="

@@ -61,7 +61,8 @@ class Run:
     """One compiled engine per (sampling settings, batch rows, group size),
     shared by the RL stages and evaluation. Rows are episodes: groups are
     made by repeating prompts, and ``group_size`` consecutive rows of one
-    prompt share its prefill. On a single-process mesh with several
+    prompt share its prefill (and, with ``sampling.decode_shared_prefix``,
+    its cache while decoding). On a single-process mesh with several
     batch shards the rows are split over them (a data-parallel rollout)
     when they divide evenly."""
     key = (sampling, rows, group_size)
@@ -71,7 +72,8 @@ class Run:
       self.engines[key] = RolloutEngine(
           self.model_config, sampling, self.codec.ids, env=self.env, batch_size=rows,
           group_size=group_size,
-          row_sharding=sharding.batch_sharding(self.mesh) if split else None)
+          row_sharding=sharding.batch_sharding(self.mesh) if split else None,
+          decode_shared_prefix=self.cfg.sampling.get("decode_shared_prefix", False))
     return self.engines[key]
 
   def rollout(self, params, sampling: SamplingConfig, split: str, ids: np.ndarray, key,

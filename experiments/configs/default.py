@@ -199,8 +199,13 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       train_size=20_000,
       test_size=256,
   ))
+  # The G rollouts of a prompt share its prefill. decode_shared_prefix: they
+  # also decode from one copy of its cache (agentic_rl/model/prefix.py),
+  # faster for long prompts; the same tokens up to float rounding, which
+  # can flip a near-tie draw.
   c.sampling = ml_collections.ConfigDict(dict(
-      max_turns=6, max_new_tokens_per_turn=24, max_total_tokens=160))
+      max_turns=6, max_new_tokens_per_turn=24, max_total_tokens=160,
+      decode_shared_prefix=False))
   # What an episode does when its context (max_total_tokens) is full
   # (agentic_rl/rollout/context.py; host environments): "none" truncates it;
   # "drop_tool_results" keeps only the last keep_tool_results observations,
