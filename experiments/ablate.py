@@ -31,12 +31,6 @@ from agentic_rl.train import metrics as metrics_lib
 from experiments import common
 from experiments.configs import ablations
 
-_OUT = flags.DEFINE_string("out", "docs/ablations", "Where results and plots go.")
-_WORKDIR = flags.DEFINE_string("workdir", "/tmp/agentic_rl_ablations", "Run directories.")
-_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds.")
-_STUDIES = flags.DEFINE_list("studies", list(ablations.STUDIES), "Studies to run.")
-_JOBS = flags.DEFINE_integer("jobs", 1, "Runs at a time.")
-_TINY = flags.DEFINE_bool("tiny", False, "Test scale (tiny model, a few iterations).")
 
 CONFIG_FILE = os.path.join(os.path.dirname(__file__), "configs", "ablations.py")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -300,5 +294,18 @@ def main(argv):
   print(f"wrote {_OUT.value}/results.{{json,md}} and plots in {time.perf_counter() - t0:.0f} s")
 
 
+def _define_flags():
+  """The command line (defined only when run as a script, so importing the
+  module beside other experiments defines no flags)."""
+  global _OUT, _WORKDIR, _SEEDS, _STUDIES, _JOBS, _TINY
+  _OUT = flags.DEFINE_string("out", "docs/ablations", "Where results and plots go.")
+  _WORKDIR = flags.DEFINE_string("workdir", "/tmp/agentic_rl_ablations", "Run directories.")
+  _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds.")
+  _STUDIES = flags.DEFINE_list("studies", list(ablations.STUDIES), "Studies to run.")
+  _JOBS = flags.DEFINE_integer("jobs", 1, "Runs at a time.")
+  _TINY = flags.DEFINE_bool("tiny", False, "Test scale (tiny model, a few iterations).")
+
+
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)

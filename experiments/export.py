@@ -35,14 +35,6 @@ from agentic_rl.train import config as config_lib
 from agentic_rl.train import export as export_lib
 from agentic_rl.train import run as run_lib
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (with checkpoints).",
-                               required=True)
-_OUT = flags.DEFINE_string("out", None, "Directory to write the checkpoint to.",
-                           required=True)
-_CHECK = flags.DEFINE_bool("check", False, "Score the run's rollouts with the exported "
-                           "model in transformers against the learner.")
-_CHECK_PROMPTS = flags.DEFINE_integer("check_prompts", 8, "Held-out episodes to score.")
-
 
 def _load(workdir: str):
   """``(cfg, model config, params)`` of the latest checkpoint of a run (a
@@ -89,5 +81,19 @@ def main(argv):
     print(json.dumps(result))
 
 
+def _define_flags():
+  """The command line (defined only when run as a script: the module's
+  functions are imported beside other experiments)."""
+  global _WORKDIR, _OUT, _CHECK, _CHECK_PROMPTS
+  _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (with checkpoints).",
+                                 required=True)
+  _OUT = flags.DEFINE_string("out", None, "Directory to write the checkpoint to.",
+                             required=True)
+  _CHECK = flags.DEFINE_bool("check", False, "Score the run's rollouts with the exported "
+                             "model in transformers against the learner.")
+  _CHECK_PROMPTS = flags.DEFINE_integer("check_prompts", 8, "Held-out episodes to score.")
+
+
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)

@@ -71,3 +71,14 @@ def test_deploy_check_modes_are_validated(monkeypatch):
     config_lib.validate(cfg)
   cfg.export.deploy_check = "auto"
   config_lib.validate(cfg)  # auto without transformers: no check, no error
+
+
+def test_library_experiments_import_beside_the_trainer():
+  """export, ablate and long_horizon are imported as libraries (tests,
+  notebooks): they define their flags only when run, so no flag clashes
+  with the trainer's (--workdir) or with each other's (--out)."""
+  done = subprocess.run(
+      [sys.executable, "-c", "import experiments.train, experiments.export, "
+       "experiments.ablate, experiments.long_horizon"], cwd=_ROOT, capture_output=True,
+      text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=600)
+  assert done.returncode == 0, done.stderr
