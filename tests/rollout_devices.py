@@ -20,6 +20,7 @@ line.
 import json
 
 import jax
+import ml_collections
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -53,7 +54,8 @@ def main():
   out["partial_four_devices"] = split.resume(params, state, 0).to_rollout()
 
   # The training loop splits its rows over the batch axes of its mesh.
-  run = train_run.Run(cfg=None, codec=codec, env=env, tasks=None, model_config=config,
+  cfg = ml_collections.ConfigDict({"sampling": {"decode_shared_prefix": False}})
+  run = train_run.Run(cfg=cfg, codec=codec, env=env, tasks=None, model_config=config,
                  mesh=sharding.make_mesh(sharding.MeshConfig(data=2, tensor=2)))
   loop_engine = run.engine(SAMPLING, NUM_PROMPTS * G)
   rep = lambda x: np.repeat(x, G, axis=0)
