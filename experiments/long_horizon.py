@@ -14,8 +14,9 @@ run, one with a ``summary.json``, is not run again):
   demonstrations under its own policy; without one only the short ledgers'
   demonstrations fit.
 - ``toggle``: the number-guessing game with half of its demonstrations
-  verbose (each guess states the interval first), RL without and with
-  Toggle (``rl.toggle.phase_iterations=5``): tokens per success and success.
+  verbose (each guess states the interval first), RL on the outcome (no
+  efficiency reward) without and with Toggle
+  (``rl.toggle.phase_iterations=5``): tokens per success and success.
 
 Outputs in ``--out``: ``results.json`` (per seed and arm) and
 ``results.md`` (mean +- std over seeds, with the command and wall time).
@@ -53,7 +54,10 @@ STUDIES: dict[str, dict] = {
                  for policy in ("none", "drop_tool_results", "summary", "discard_all")}},
     "toggle": {
         "variant": "",
+        # Outcome and format rewards only: the efficiency reward is a length
+        # penalty of its own, which would leave the baseline none to lack.
         "base": {"tasks.source": "host", "tasks.host_env": "guess_number",
+                 "tasks.rewards.efficiency": 0.0,
                  "tasks.host_kwargs": '{"verbose": 0.5}', "sampling.max_total_tokens": 224,
                  "rl.iterations": 20, "eval.every": 20, "checkpoint.every": 20},
         "arms": {"baseline": {}, "toggle": {"rl.toggle.phase_iterations": 5}}},
@@ -138,17 +142,20 @@ def table(results: dict, study: str) -> str:
     cells = []
     for c in columns:
       values = [r[c] for r in per_seed.values() if c in r]
-      fmt = "{:.1%}" if c.endswith("_success") else "{:.1f}"
+      fmt = "{:.1%}" if c in ("sft_success", "rl_success", "train_success") else "{:.1f}"
       cells.append(f"{fmt.format(np.mean(values))} ± {fmt.format(np.std(values))}"
                    if values else "n/a")
     lines.append(f"| {arm} | " + " | ".join(cells) + " |")
   return "\n".join(lines)
 
 
-def write(results: dict, out: str, cmd: str, seconds: float) -> None:
+def write(results: dict, out: str, cmd: str) -> None:
   os.makedirs(out, exist_ok=True)
   common.write_json(os.path.join(out, "results.json"), results, indent=1, sort_keys=True)
-  parts = [f"# Long-horizon studies\n\nCommand: `{cmd}` ({seconds / 60:.0f} min, "
+  # Summed over the runs (finished runs are cached, so not this call's wall time).
+  minutes = sum(r.get("wall_s", 0.0) for arms in results.values() for seeds in arms.values()
+                for r in seeds.values()) / 60
+  parts = [f"# Long-horizon studies\n\nCommand: `{cmd}` ({minutes:.0f} min of runs, "
            f"{time.strftime('%Y-%m-%d')}). Mean ± standard deviation over seeds "
            f"{', '.join(next(iter(next(iter(results.values())).values())))}.\n"]
   for study in results:
@@ -161,11 +168,9 @@ def main(argv):
   del argv
   studies = _STUDIES.value
   seeds = [int(s) for s in _SEEDS.value]
-  t0 = time.perf_counter()
   run(_WORKDIR.value, studies, seeds, jobs=_JOBS.value, tiny=_TINY.value)
   results = collect(_WORKDIR.value, studies, seeds)
-  write(results, _OUT.value, "python -m experiments.long_horizon " + " ".join(sys.argv[1:]),
-        time.perf_counter() - t0)
+  write(results, _OUT.value, "python -m experiments.long_horizon " + " ".join(sys.argv[1:]))
   print(open(os.path.join(_OUT.value, "results.md")).read())
 
 

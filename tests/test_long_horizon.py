@@ -57,5 +57,6 @@ def test_summary_and_table(tmp_path):
   results = {"context": {"summary": {"0": got}}}
   md = long_horizon.table(results, "context")
   assert "| summary | 50.0% ± 0.0% | 75.0% ± 0.0% | 50.0% ± 0.0% | 1.5 ± 0.0 | 200.0 ± 0.0 |" in md
-  long_horizon.write(results, str(tmp_path / "out"), "cmd", 60.0)
+  long_horizon.write(results, str(tmp_path / "out"), "cmd")
   assert os.path.exists(tmp_path / "out" / "results.json")
+  assert "(0 min of runs," in (tmp_path / "out" / "results.md").read_text()

@@ -24,17 +24,23 @@ def test_budget_phases_alternate_every_m_iterations():
 
 def test_the_penalty_hits_over_budget_rollouts_of_solved_prompts_in_budget_phases():
   # Groups: 0 solved (2/3 > 0.5), 1 unsolved (1/3), 2 solved with no budget
-  # yet: the median of the batch's successful lengths, 21.
-  success = np.array([1, 1, 0, 1, 0, 0, 1, 1, 1], bool)
-  lengths = np.array([5, 12, 20, 30, 5, 5, 50, 50, 10])
-  group = np.repeat([0, 1, 2], 3)
-  budget = np.array([10, 10, 10, 10, 10, 10, -1, -1, -1], np.float32)
+  # of its own: the shared one, 21; 3 solved with no budget at all.
+  success = np.array([1, 1, 0, 1, 0, 0, 1, 1, 1, 1, 1, 1], bool)
+  lengths = np.array([5, 12, 20, 30, 5, 5, 50, 50, 10, 50, 50, 50])
+  group = np.repeat([0, 1, 2, 3], 3)
+  budget_N1 = np.array([10, 10, -1, -1, 21], np.float32)
+  budget = toggle.prompt_budgets(budget_N1, np.repeat([0, 1, 2, 3], 3))
+  np.testing.assert_array_equal(budget, np.repeat([10, 10, 21, 21], 3))
   rewards = success.astype(np.float32)
-  got, over = toggle.budget_rewards(_CFG, rewards, lengths, success, group, 3, budget, step=1)
-  np.testing.assert_array_equal(over, [0, 1, 1, 0, 0, 0, 1, 1, 0])
-  np.testing.assert_allclose(got, [1, 0.5, -0.5, 1, 0, 0, 0.5, 0.5, 1])
-  same, none = toggle.budget_rewards(_CFG, rewards, lengths, success, group, 3, budget, step=2)
+  got, over = toggle.budget_rewards(_CFG, rewards, lengths, success, group, 4, budget, step=1)
+  np.testing.assert_array_equal(over, [0, 1, 0, 0, 0, 0, 1, 1, 0, 1, 1, 1])  # not failures
+  np.testing.assert_allclose(got, [1, 0.5, 0, 1, 0, 0, 0.5, 0.5, 1, 0.5, 0.5, 0.5])
+  same, none = toggle.budget_rewards(_CFG, rewards, lengths, success, group, 4, budget, step=2)
   np.testing.assert_array_equal(same, rewards)
+  assert not none.any()
+  # Before any budget is known nothing is penalised.
+  unknown = toggle.prompt_budgets(toggle.init_budgets(4), np.repeat([0, 1, 2, 3], 3))
+  _, none = toggle.budget_rewards(_CFG, rewards, lengths, success, group, 4, unknown, step=1)
   assert not none.any()
 
 
@@ -44,9 +50,10 @@ def test_a_budget_is_set_once_from_successful_lengths():
   lengths = np.array([10, 20, 90, 7, 9, 4])
   success = np.array([1, 1, 0, 0, 0, 1], bool)
   budget = toggle.update_budgets(_CFG, budget, prompt, lengths, success)
-  np.testing.assert_array_equal(budget, [15, -1, 4, -1])  # the median of 10 and 20
-  again = toggle.update_budgets(_CFG, budget, prompt, lengths * 0 + 1, success)
-  np.testing.assert_array_equal(again, budget)  # fixed once set
+  # The median of 10 and 20, none, 4, none; the shared one the median of 10, 20, 4.
+  np.testing.assert_array_equal(budget, [15, -1, 4, -1, 10])
+  again = toggle.update_budgets(_CFG, budget, prompt * 0 + 3, lengths * 0 + 1, success)
+  np.testing.assert_array_equal(again, [15, -1, 4, 1, 10])  # set ones stay fixed
   assert toggle.tokens_per_success(lengths, success) == pytest.approx(34 / 3)
   assert toggle.tokens_per_success(lengths, np.zeros(6, bool)) == 0.0
 
@@ -100,6 +107,11 @@ def test_the_rl_stage_shapes_with_the_budgets_and_learns_them():
   learnt = toggle.update_budgets(stage.toggle_cfg, toggle.init_budgets(10), collected.prompt_B,
                                  rl.policy_tokens(batch), success)
   assert learnt[7] == 6.0 and learnt[3] == -1  # the median of 4 and 8
+  assert learnt[-1] == 6.0  # the shared budget, from the whole batch
+  shared = toggle.init_budgets(10)
+  shared[-1] = 5.0  # prompt 7 has no budget of its own: the shared one applies
+  np.testing.assert_allclose(rl.shape_rewards(stage, collected, shared).rewards_B,
+                             [1, 0.5, 0, 0])
 
 
 def test_toggle_through_the_trainer_alternates_phases_and_checkpoints_budgets(tmp_path):
@@ -115,7 +127,7 @@ def test_toggle_through_the_trainer_alternates_phases_and_checkpoints_budgets(tm
     tree, _ = ckpt.restore(ckpt.latest_step())
   finally:
     ckpt.close()
-  assert np.asarray(tree["budget"]).shape == (cfg.tasks.train_size,)
+  assert np.asarray(tree["budget"]).shape == (cfg.tasks.train_size + 1,)
 
 
 def _metrics(workdir):

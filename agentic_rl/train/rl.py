@@ -63,7 +63,8 @@ class Controls:
   history: signal.PromptHistory
   entropy_coef: float
   staleness: shift.StalenessBound = shift.StalenessBound(0)
-  # Toggle's per-prompt length budget (objectives.toggle), -1 for none yet.
+  # Toggle's length budgets (objectives.toggle): [N + 1], one per training
+  # prompt, then the shared one; -1 for none yet.
   budget: np.ndarray | None = None
 
 
@@ -299,18 +300,19 @@ def policy_tokens(ro: Rollout) -> np.ndarray:
   return context.policy_tokens(ro)
 
 
-def shape_rewards(rl: RLStage, collected: Collected, budget_N: np.ndarray | None = None
+def shape_rewards(rl: RLStage, collected: Collected, budget_N1: np.ndarray | None = None
                   ) -> Shaped:
   """The rewards the advantages see: over-long episodes shaped
   (``signal.shape_truncated``) and, with Toggle, over-budget ones penalised
-  in its budget phases (``budget_N``, :mod:`agentic_rl.objectives.toggle`)."""
+  in its budget phases (``budget_N1``, :mod:`agentic_rl.objectives.toggle`)."""
   rewards_B, seq_weight_B = _shape(rl, collected.batch)
   over_B = None
   if rl.toggle_cfg.enabled:
     batch, layout = collected.batch, collected.layout
     rewards_B, over_B = toggle.budget_rewards(
         rl.toggle_cfg, rewards_B, policy_tokens(batch), collected.success_B, layout.group_B,
-        layout.num_groups, budget_N[collected.prompt_B], collected.step)
+        layout.num_groups, toggle.prompt_budgets(budget_N1, collected.prompt_B),
+        collected.step)
   per_group = {}
   if "greedy_rewards_P" in rl.needs:  # ReMax: shaped like the sampled rewards
     per_group["greedy_rewards_P"] = _shape(rl, collected.greedy)[0]
