@@ -5,9 +5,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_tiny_run_writes_json(tmp_path):
   out = tmp_path / "bench_prefix.json"
   subprocess.run(

@@ -32,6 +32,7 @@ def _execute(tmp_path, monkeypatch, studies: str):
   return nb, images
 
 
+@pytest.mark.slow
 def test_notebook_plots_the_committed_results_and_a_tiny_rerun(tmp_path, monkeypatch):
   # The exploration study: two arms, which run side by side (the notebook
   # runs two jobs at a time), so the test costs one SFT and one arm's time.

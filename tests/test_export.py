@@ -18,6 +18,7 @@ from experiments.configs import default
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_a_run_exports_and_transformers_reproduces_its_logits(tmp_path):
   transformers = pytest.importorskip("transformers")
   torch = pytest.importorskip("torch")

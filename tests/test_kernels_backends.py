@@ -111,6 +111,7 @@ def _rl_only():
   return cfg
 
 
+@pytest.mark.slow
 def test_train_with_auto_impls_matches_xla_on_cpu(tmp_path):
   """The default config's "auto" is the same program as "xla" on CPU: one
   RL iteration and the evaluation give the same metrics."""

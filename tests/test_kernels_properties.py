@@ -3,6 +3,7 @@ example compiles an interpreted Pallas kernel, which costs seconds on CPU)."""
 
 import jax
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from agentic_rl import kernels
@@ -19,6 +20,7 @@ def _assert_close(x, ref, rel):
   assert float(np.max(np.abs(x - ref))) <= rel * scale
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(B=st.integers(1, 2), T=st.integers(1, 50), K=st.integers(1, 2),
        G=st.sampled_from([1, 4, 8]), D=st.sampled_from([8, 16, 40]),

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 _WORKER = os.path.join(os.path.dirname(__file__), "learner_devices.py")
 
@@ -20,6 +21,7 @@ def _worker(*args):
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_eight_devices_match_one_device():
   one = _worker(1, 1, 1)
   assert one["devices"] == 1

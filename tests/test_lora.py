@@ -250,6 +250,7 @@ def test_a_lora_run_trains_and_checkpoints_only_the_adapters(straight):
   jax.tree.map(np.testing.assert_array_equal, last["params"], lora.adapters(trained))
 
 
+@pytest.mark.slow
 def test_a_resumed_lora_run_matches_the_uninterrupted_one(straight, tmp_path, monkeypatch):
   workdir, trained = straight
   first, _ = _train_seeing_params(_lora_rl(), tmp_path, monkeypatch, stop_after=1)
@@ -260,6 +261,7 @@ def test_a_resumed_lora_run_matches_the_uninterrupted_one(straight, tmp_path, mo
                lora.adapters(seen[-1]), lora.adapters(trained))
 
 
+@pytest.mark.slow
 def test_a_lora_run_exports_merged_weights(tmp_path, monkeypatch):
   cfg = default.get_config("tiny")
   cfg.stages = ("sft",)

@@ -73,6 +73,7 @@ def _cfg(init_from):
   return cfg
 
 
+@pytest.mark.slow
 def test_a_checkpoint_trains_exports_and_serves_the_same_distribution(checkpoint_dir, tmp_path):
   cfg = _cfg(checkpoint_dir)
   run = run_lib.build(cfg)
@@ -150,6 +151,7 @@ def test_lora_on_a_checkpoint_trains_adapters_and_exports_them_merged(checkpoint
   assert "lora_wk_a" not in params["layers"]
 
 
+@pytest.mark.slow
 def test_a_checkpoint_trains_on_two_devices_as_on_one(checkpoint_dir, tmp_path):
   """The checkpoint's weights placed FSDP-sharded over 2 simulated devices
   give the one-device run's SFT losses."""

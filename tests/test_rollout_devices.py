@@ -17,6 +17,7 @@ from agentic_rl import rollout
 _WORKER = os.path.join(os.path.dirname(__file__), "rollout_devices.py")
 
 
+@pytest.mark.slow
 def test_rows_split_over_four_devices_match_one_device():
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
              JAX_PLATFORMS="cpu")

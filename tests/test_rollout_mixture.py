@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from agentic_rl import envs
 from agentic_rl import model as model_lib
@@ -13,6 +14,7 @@ from agentic_rl.envs import tools
 from agentic_rl.text import default_codec, pad_batch
 
 
+@pytest.mark.slow
 def test_mixed_families_in_one_batch():
   codec = default_codec()
   env = envs.make_env("mixture", codec, members=("calc_chain", "multihop", "boxes"))

@@ -133,7 +133,7 @@ def test_draws_follow_the_distribution_and_its_support():
   np.testing.assert_allclose(freq, expected, atol=4 * np.sqrt(0.25 / N))
 
 
-@pytest.mark.parametrize("V", [1000, 7])
+@pytest.mark.parametrize("V", [pytest.param(1000, marks=pytest.mark.slow), 7])
 def test_draws_over_blocks_follow_the_distribution(V):
   """The two-level inverse CDF, with V not a multiple of its block width
   (1000: blocks of 32, the last one part padding) and a third of the tokens

@@ -188,6 +188,7 @@ def test_partial_rollouts_across_updates_are_kept_or_restarted(tmp_path, monkeyp
   assert multi["restart"] == 0 and replayed > 0
 
 
+@pytest.mark.slow
 def test_the_async_actor_on_the_jitted_families(tmp_path):
   # The jitted engine continues running episodes under new weights in
   # chunks (engine.resume); partial_rollout decides what the learner does

@@ -100,6 +100,7 @@ def _option_run(tmp_path, monkeypatch, **context):
   return batch, heads
 
 
+@pytest.mark.slow
 def test_context_options_through_the_trainer(tmp_path, monkeypatch):
   """``keep_tool_results``, ``max_resets`` and ``summary_request`` reach the
   episodes the learner trains on."""

@@ -59,7 +59,7 @@ def _run_layouts(tmp_path, devices, layouts):
 
 @pytest.mark.parametrize("devices, layouts", [
     (2, ("fsdp=2",)),
-    (4, ("data=2,fsdp=2",)),
+    pytest.param(4, ("data=2,fsdp=2",), marks=pytest.mark.slow),
     pytest.param(2, ("data=2", "tensor=2"), marks=pytest.mark.slow),
     pytest.param(4, ("data=4", "fsdp=4", "data=2,tensor=2"), marks=pytest.mark.slow),
     pytest.param(8, ("data=2,fsdp=2,tensor=2", "fsdp=8"), marks=pytest.mark.slow),
@@ -75,6 +75,7 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_of_experiments_train_match_one_process(one_device, tmp_path):
   if "jax_cpu_collectives_implementation" not in jax.config.values:
     pytest.skip("this jax has no CPU cross-process collectives option")

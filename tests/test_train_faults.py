@@ -30,6 +30,7 @@ def _records(workdir):
   return metrics_lib.read_metrics(os.path.join(str(workdir), "metrics.jsonl"))
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_config_that_changes_the_checkpoint(tmp_path):
   cfg = _sft_only(steps=2)
   first = loop.train(cfg, str(tmp_path), stop_after=1)
@@ -65,6 +66,7 @@ def test_non_finite_updates_halt_the_run_with_a_checkpoint(tmp_path):
   assert checkpoint_lib.Checkpointer(str(tmp_path)).latest_step() == 3
 
 
+@pytest.mark.slow
 def test_a_policy_collapsed_to_uniform_raises_an_alarm(tmp_path):
   console = io.StringIO()
   with contextlib.redirect_stderr(console):
