@@ -1,7 +1,7 @@
 """Subprocess worker: the whole trainer on a mesh of simulated CPU devices.
 
   XLA_FLAGS=--xla_force_host_platform_device_count=4 \
-      python tests/train_devices.py WORKDIR data=2,fsdp=2 [tensor=2 ...]
+      python tests/train_devices.py WORKDIR data=2,fsdp=2 [tensor=2 ...] [--teacher DIR]
 
 Runs ``loop.train`` on :func:`config` once per mesh layout (each a
 comma-separated ``axis=size`` list) into ``WORKDIR/<layout>``, and prints the
@@ -17,9 +17,11 @@ import os
 from agentic_rl.train import distributed
 
 
-def config(**mesh):
+def config(teacher: str = "", **mesh):
   """The tiny run with the paths that touch device placement: two updates per
-  batch (the scoring pass), a stale actor and a frozen reference policy.
+  batch (the scoring pass), a stale actor and a frozen reference policy; with
+  a ``teacher`` run directory, the distill stage alone (on-policy, the
+  teacher scoring inside the step).
 
   The KL estimator is k1, whose gradient is the score itself: k2 and k3 have
   gradient ``d * grad log pi`` with ``d`` the policy/reference log-ratio,
@@ -32,6 +34,9 @@ def config(**mesh):
   cfg.rl.update(updates_per_batch=2, max_staleness=2, kl_coef=0.05, kl_estimator="k1")
   cfg.mesh.update(data=1, fsdp=1, tensor=1)
   cfg.mesh.update(**mesh)
+  if teacher:
+    cfg.stages = ("distill",)
+    cfg.distill.teachers.all = teacher
   return cfg
 
 
@@ -46,6 +51,7 @@ def main():
   parser.add_argument("--processes", type=int, default=1)
   parser.add_argument("--process_id", type=int, default=0)
   parser.add_argument("--port", type=int, default=0)
+  parser.add_argument("--teacher", default="", help="distill from this run directory")
   args = parser.parse_args()
   if args.processes > 1:
     distributed.maybe_initialize(f"127.0.0.1:{args.port}", args.processes, args.process_id)
@@ -53,7 +59,7 @@ def main():
   workdirs = []
   for layout in args.layouts:
     workdirs.append(os.path.join(args.workdir, layout.replace(",", "_")))
-    loop.train(config(**parse_layout(layout)), workdirs[-1])
+    loop.train(config(args.teacher, **parse_layout(layout)), workdirs[-1])
   print(json.dumps(workdirs))
 
 

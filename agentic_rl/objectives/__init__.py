@@ -30,7 +30,7 @@ from agentic_rl.objectives.config import (
     validate_objective_config,
     validate_optimizer_config,
 )
-from agentic_rl.objectives import toggle
+from agentic_rl.objectives import distill, toggle
 from agentic_rl.objectives.groups import GroupLayout, group_advantages, turn_advantages
 from agentic_rl.objectives.corrections import CORRECTIONS, IS_LEVELS, get_correction
 from agentic_rl.objectives.losses import (
@@ -48,6 +48,7 @@ from agentic_rl.objectives.optim import (
 )
 
 __all__ = [
+    "distill",
     "toggle",
     "ADVANTAGE_ESTIMATORS",
     "AGG_MODES",

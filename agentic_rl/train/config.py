@@ -31,7 +31,8 @@ from agentic_rl.text import tokenizer as tok_lib
 from agentic_rl.train import export as export_lib
 from agentic_rl.train import sharding
 
-STAGE_KINDS = ("sft", "rl")
+STAGE_KINDS = ("sft", "rl", "distill")
+DISTILL_MODES = ("on_policy", "teacher_sft")  # agentic_rl.train.distill
 TASK_SOURCES = ("jax", "host")
 ACTORS = ("sync", "async")  # agentic_rl.train.actor
 OPTIMIZERS = ("adamw", "mirror_descent")
@@ -280,6 +281,56 @@ def _validate_rl_stage(name: str, stage, model_cfg, levels, host: bool) -> None:
          f"--config.{name}.signal.allocation or --config.{name}.share_prefix=False")
 
 
+def _validate_families(name: str, stage, cfg) -> None:
+  """``stage.families``: a subset of the run's task families to draw the
+  stage's prompts from (empty: all)."""
+  families = tuple(stage.get("families", ()) or ())
+  if not families:
+    return
+  if stage.kind == "sft":
+    _err(f"config.{name}.families: an SFT stage trains on demonstrations of every family; "
+         f"clear config.{name}.families")
+  if cfg.tasks.source == "host":
+    _err(f"config.{name}.families picks task families of the built-in mixture, and a host "
+         f"environment is one family; clear config.{name}.families")
+  if stray := sorted(set(families) - set(cfg.tasks.families)):
+    _err(f"config.{name}.families names {stray}, which config.tasks.families "
+         f"{tuple(cfg.tasks.families)} does not hold; add them there or drop them here")
+  signal_cfg = signal_config(stage) if stage.kind == "rl" else signal.SignalConfig()
+  if signal_cfg.prompt_sampling == "prioritised" or signal_cfg.curriculum:
+    _err(f"config.{name}.families restricts prompts in data order, and "
+         f"config.{name}.signal picks them by priority or curriculum over the whole pool; "
+         f"set --config.{name}.signal.prompt_sampling=uniform with no curriculum, or clear "
+         "families")
+
+
+def _validate_distill_stage(name: str, stage, cfg, model_cfg) -> None:
+  """The checks of one distill stage section (agentic_rl.train.distill)."""
+  for key in ("iterations", "prompts_per_step", "group_size"):
+    _check_positive(f"config.{name}.{key}", stage[key])
+  if stage.mode not in DISTILL_MODES:
+    _err(f"config.{name}.mode is {stage.mode!r}; valid: {', '.join(DISTILL_MODES)}")
+  if model_cfg.lora_rank:
+    _err(f"config.{name}: a distill stage's teachers are full policies, and a LoRA run's "
+         "checkpoints hold its adapters only; set config.model.lora_rank=0")
+  families = ("host",) if cfg.tasks.source == "host" else tuple(cfg.tasks.families)
+  teachers = {k: v for k, v in dict(stage.teachers).items() if v}
+  if stray := sorted(set(teachers) - set(families) - {"all"}):
+    _err(f"config.{name}.teachers sets {stray}, not task families of this run "
+         f"({', '.join(families)}) nor 'all': no prompt would use them; clear them")
+  missing = [f for f in families if not teachers.get(f) and not teachers.get("all")]
+  if missing:
+    _err(f"config.{name}.teachers has no teacher for the families {missing}: set "
+         f"--config.{name}.teachers.<family>=WORKDIR (a run directory of this model) or "
+         f"--config.{name}.teachers.all=WORKDIR")
+  for family, path in teachers.items():
+    if not os.path.isdir(os.path.join(path, "checkpoints")):
+      _err(f"config.{name}.teachers.{family}={path!r} is not a run directory with "
+           "checkpoints (WORKDIR/checkpoints)")
+  if stage.temperature <= 0:
+    _err(f"config.{name}.temperature must be > 0, got {stage.temperature}")
+
+
 def _validate_host_tasks(cfg) -> None:
   """``config.tasks`` with ``source="host"``: the environment loads, builds
   and speaks the protocol; the stages ask nothing it cannot give."""
@@ -389,7 +440,9 @@ def _validate(cfg) -> None:
     _err("config.stages is empty: name at least one stage section (e.g. 'sft', 'rl')")
   for name in cfg.stages:
     if name not in cfg:
-      _err(f"stage {name!r} in config.stages has no section config.{name}")
+      hint = (f"; on the command line a tuple is written \"--config.stages="
+              f"{tuple(name.split(','))!r}\"" if "," in name else "")
+      _err(f"stage {name!r} in config.stages has no section config.{name}{hint}")
     kind = cfg[name].get("kind")
     if kind not in STAGE_KINDS:
       _err(f"config.{name}.kind is {kind!r}; expected one of {STAGE_KINDS}")
@@ -444,9 +497,13 @@ def _validate(cfg) -> None:
   mesh = sharding.make_mesh(mesh_cfg)
   for name in cfg.stages:
     stage = cfg[name]
+    _validate_families(name, stage, cfg)
     if stage.kind == "sft":
       _check_positive(f"config.{name}.steps", stage.steps)
       rows = stage.batch_size
+    elif stage.kind == "distill":
+      _validate_distill_stage(name, stage, cfg, model_cfg)
+      rows = stage.prompts_per_step * stage.group_size
     else:
       try:
         _validate_rl_stage(name, stage, model_cfg, levels, cfg.tasks.source == "host")

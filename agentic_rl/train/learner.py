@@ -39,6 +39,7 @@ from agentic_rl import objectives
 from agentic_rl.model import lora
 from agentic_rl.model import prefix
 from agentic_rl.model.scoring import sequence_logprobs
+from agentic_rl.model.transformer import forward
 
 Batch = Mapping[str, jax.Array]
 Metrics = dict[str, jax.Array]
@@ -169,6 +170,39 @@ def rl_loss(model_config, objective: objectives.ObjectiveConfig, *,
   return loss_fn
 
 
+def distill_loss(model_config) -> LossFn:
+  """On-policy distillation (:mod:`agentic_rl.objectives.distill`): the
+  per-token reverse KL from the policy to each row's teacher, over the whole
+  vocabulary, at temperature 1 (the models' own distributions; the sampling
+  temperature only chooses which contexts are visited).
+
+  ``batch`` holds ``tokens_BxT``, ``loss_mask_BxT`` (the per-token weights)
+  and ``teacher_B`` (int ``[B]``: which teacher scores the row). The loss's
+  keyword ``reference`` is the list of the teachers' parameters (the train
+  state's ``ref_params``, :func:`make_train_step` with
+  ``reference_in_loss``), each taken without gradient. Every teacher runs on
+  every row and each row keeps its own teacher's logits: F forwards for F
+  teachers.
+  """
+
+  def loss_fn(params, batch, norm, *, reference, layer_params_constraint=None):
+    kw = dict(layer_params_constraint=layer_params_constraint)
+    tokens_BxT = batch["tokens_BxT"]
+    student_BxTxV = forward(params, tokens_BxT, model_config, **kw)
+    teacher_BxTxV = None
+    for f, teacher_params in enumerate(reference):
+      logits_BxTxV = forward(jax.lax.stop_gradient(teacher_params), tokens_BxT,
+                             model_config, **kw)
+      teacher_BxTxV = logits_BxTxV if teacher_BxTxV is None else jnp.where(
+          (batch["teacher_B"] == f)[:, None, None], logits_BxTxV, teacher_BxTxV)
+    loss, metrics = objectives.distill.reverse_kl(
+        student_BxTxV, teacher_BxTxV, tokens_BxT, batch["loss_mask_BxT"],
+        norm["num_tokens"])
+    return loss, ({f"distill/{k}": v for k, v in metrics.items()}, {})
+
+  return loss_fn
+
+
 def reference_inputs(model_config, *, temperature: float = 1.0, logprob_impl: str = "xla",
                      scheduled_temperature: bool = False, group_size: int = 1):
   """``prepare(state, batch) -> batch`` adding ``ref_logp_BxT``: the frozen
@@ -219,7 +253,8 @@ def _combine_micro(name: str, values_M: jax.Array) -> jax.Array:
 def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                     *, micro_batches: int = 1,
                     prepare: Callable[[TrainState, Batch], Batch] | None = None,
-                    trainable: Callable[[Any], Any] | None = None):
+                    trainable: Callable[[Any], Any] | None = None,
+                    reference_in_loss: bool = False):
   """A pure ``step(state, batch) -> (state, metrics, outputs)`` (jit it with
   shardings). ``prepare(state, batch)`` first adds inputs computed without
   gradient from the state (:func:`reference_inputs`). The step's keywords
@@ -234,6 +269,9 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
   ``stop_gradient`` (no gradient is computed for them), their gradients are
   ``optax.MaskedNode``s (so ``optimizer`` must be masked alike:
   ``lora.freeze_base``) and the update leaves them as they are, bit for bit.
+
+  ``reference_in_loss``: the loss also gets ``reference=state.ref_params``
+  (:func:`distill_loss`'s teachers).
   """
   if micro_batches < 1:
     raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
@@ -245,13 +283,14 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                 else {"layer_params_constraint": layer_params_constraint})
     if prefix_len:
       model_kw["prefix_len"] = prefix_len
+    loss_kw = dict(model_kw, reference=state.ref_params) if reference_in_loss else model_kw
     mask = None if trainable is None else trainable(state.params)
 
     def grads_of(params, batch, norm):
       if mask is None:
-        return grad_fn(params, batch, norm, **model_kw)
+        return grad_fn(params, batch, norm, **loss_kw)
       frozen = jax.tree.map(lambda m, p: p if m else jax.lax.stop_gradient(p), mask, params)
-      value, grads = grad_fn(frozen, batch, norm, **model_kw)
+      value, grads = grad_fn(frozen, batch, norm, **loss_kw)
       return value, jax.tree.map(lambda m, g: g if m else optax.MaskedNode(), mask, grads)
 
     if prepare is not None:
@@ -385,7 +424,7 @@ def _per_prefix_len(jit_for: Callable[[int], Any], group_size: int,
 
 
 def shard_train_step(step, mesh, model_config, optimizer, params, *,
-                     with_reference: bool = False, group_size: int = 1):
+                     with_reference: bool = False, group_size: int = 1, teachers: int = 0):
   """``jax.jit`` of ``step`` with explicit shardings over ``mesh``.
 
   ``step`` is :func:`make_train_step`'s. Parameters (and the reference
@@ -397,7 +436,9 @@ def shard_train_step(step, mesh, model_config, optimizer, params, *,
   norm when the step starts, each layer's weights where the layer uses them
   (ZeRO-3); the activations then split over the batch as on the
   data-parallel layout. Returns ``(jitted_step, state_sharding)``; put the
-  state on the mesh with ``jax.device_put(state, state_sharding)``.
+  state on the mesh with ``jax.device_put(state, state_sharding)``. With
+  ``teachers`` F > 0 the state's ``ref_params`` is a list of F parameter
+  trees of the model (:func:`distill_loss`), each laid out as the policy.
 
   With ``group_size`` G > 1, ``jitted_step(state, batch)`` reads the batch's
   tokens on the host, finds the prefix its groups of G rows share
@@ -409,8 +450,12 @@ def shard_train_step(step, mesh, model_config, optimizer, params, *,
   state_sh = TrainState(
       params=params_sh,
       opt_state=sharding.opt_state_sharding(optimizer, params, params_sh, mesh),
-      step=sharding.replicated(mesh), ref_params=params_sh if with_reference else None)
+      step=sharding.replicated(mesh),
+      ref_params=[params_sh] * teachers if teachers else params_sh if with_reference else None)
   gather, model_kw = gathered_params(params_sh)
+
+  def gather_reference(ref):
+    return [gather(t) for t in ref] if teachers else gather(ref)
 
   def jit_for(prefix_len: int):
     shared = {"prefix_len": prefix_len} if prefix_len else {}
@@ -418,8 +463,8 @@ def shard_train_step(step, mesh, model_config, optimizer, params, *,
     @functools.wraps(step)
     def gathered_step(state: TrainState, batch: Batch):
       return step(state.replace(params=gather(state.params),
-                                ref_params=gather(state.ref_params)), batch, **model_kw,
-                  **shared)
+                                ref_params=gather_reference(state.ref_params)), batch,
+                  **model_kw, **shared)
 
     return sharding.jit_sharded(
         gathered_step, mesh, in_shardings=(state_sh, sharding.batch_sharding(mesh)),

@@ -29,6 +29,7 @@ from agentic_rl.model import lora
 from agentic_rl.train import checkpoint as checkpoint_lib
 from agentic_rl.train import config as config_lib
 from agentic_rl.train import actor as actor_lib
+from agentic_rl.train import distill
 from agentic_rl.train import export as export_lib
 from agentic_rl.train import interrupt, learner, resume, rl, sharding
 from agentic_rl.train import metrics as metrics_lib
@@ -203,6 +204,27 @@ class _Driver:
     return stop
 
 
+def _evaluate_at(run, d: _Driver, name: str, params, stage_key, record) -> None:
+  """Held-out evaluation into ``record`` every ``config.eval.every`` steps
+  of an RL or distill stage and at its last, whose success (and each
+  family's) goes into the summary as ``<stage>_success`` and
+  ``rl_success``."""
+  p = d.progress
+  last = p.stage_step == _stage_steps(d.stages[p.stage_index]) - 1
+  if (p.stage_step + 1) % run.cfg.eval.every == 0 or last:
+    record.update(evaluate(run, params, jax.random.fold_in(stage_key, p.stage_step)))
+  if last:
+    _summarise_success(d, name, record, "rl_success")
+
+
+def _summarise_success(d: _Driver, name: str, record, alias: str) -> None:
+  """A stage's held-out success into the summary: ``<stage>_success`` (and
+  ``alias``), and each family's as ``<stage>_success/<family>``."""
+  d.summary[f"{name}_success"] = d.summary[alias] = record["eval/success"]
+  d.summary.update({f"{name}_success/{k[len('eval/success/'):]}": v
+                    for k, v in record.items() if k.startswith("eval/success/")})
+
+
 def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]:
   """Runs (or resumes) the configured stages; returns the summary.
 
@@ -267,7 +289,24 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
           record = {k: float(v) for k, v in sharding.to_host(m).items()}
           if progress.stage_step == n_steps - 1:
             record.update(evaluate(run, state.params, stage_key))
-            d.summary[f"{name}_success"] = d.summary["sft_success"] = record["eval/success"]
+            _summarise_success(d, name, record, "sft_success")
+          stop = d.finish_step(name, (), record, t0, run.model_config.vocab_size, save)
+      elif stage.kind == "distill":
+        ds = distill.make_distill_stage(run, stage, optimizer, state.params)
+        state = jax.device_put(state.replace(ref_params=ds.teachers if ds.on_policy else None),
+                               ds.rl.state_sharding)
+        prompts = rl.PromptSource(ds.rl.signal_cfg,
+                                  run.tasks.difficulty_of(np.arange(cfg.tasks.train_size)),
+                                  progress.data_pos, pool=run.prompt_pool(stage.families))
+        # Checkpoints leave the teachers out: the stage loads them again.
+        save = lambda: d.save(state.replace(ref_params=None), (), controls, root_key)  # noqa: E731
+        while progress.stage_step < n_steps and not stop:
+          t0 = time.perf_counter()
+          state, record = distill.distill_iteration(
+              run, ds, state, prompts, controls.history,
+              jax.random.fold_in(stage_key, progress.stage_step), progress.stage_step)
+          progress.data_pos = prompts.position
+          _evaluate_at(run, d, name, state.params, stage_key, record)
           stop = d.finish_step(name, (), record, t0, run.model_config.vocab_size, save)
       else:
         stage_rl = rl.make_rl_stage(run, stage, optimizer, state.params,
@@ -279,7 +318,8 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
               staleness=shift.init_staleness_bound(stage_rl.shift_cfg))
         prompts = rl.PromptSource(stage_rl.signal_cfg,
                                   run.tasks.difficulty_of(np.arange(cfg.tasks.train_size)),
-                                  progress.data_pos, progress.data_skip)
+                                  progress.data_pos, progress.data_skip,
+                                  pool=run.prompt_pool(stage.get("families", ())))
         bands = stage_rl.signal_cfg.bands + stage_rl.shift_cfg.bands + stage_rl.explore_cfg.bands
         actor = actor_lib.make_actor(stage.actor, run, stage_rl, prompts, stage_key, state,
                                      progress.stage_step, controls, controls.staleness.bound,
@@ -294,12 +334,7 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
             actor.updated(state)
             record.update(actor.stats())
             progress.data_pos, progress.data_skip = collected.data_pos, list(collected.data_skip)
-            last = progress.stage_step == n_steps - 1
-            if (progress.stage_step + 1) % cfg.eval.every == 0 or last:
-              record.update(evaluate(run, state.params,
-                                     jax.random.fold_in(stage_key, progress.stage_step)))
-            if last:
-              d.summary[f"{name}_success"] = d.summary["rl_success"] = record["eval/success"]
+            _evaluate_at(run, d, name, state.params, stage_key, record)
             stop = d.finish_step(name, bands, record, t0, run.model_config.vocab_size, save)
         finally:
           if discarded := actor.close():

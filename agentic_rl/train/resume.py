@@ -59,7 +59,7 @@ SAFE_ON_RESUME = (
 
 # The step count of each kind of stage.  Changing it lengthens or shortens
 # the stage; it is allowed unless the learning-rate schedule depends on it.
-STEP_KEYS = {"sft": "steps", "rl": "iterations"}
+STEP_KEYS = {"sft": "steps", "rl": "iterations", "distill": "iterations"}
 
 # Learning-rate schedules whose value at a step depends on the total number
 # of steps (the cosine decays to the stage's end), so a new total would

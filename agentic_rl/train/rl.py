@@ -75,13 +75,16 @@ class PromptSource:
   positions in ``skip``: those an asynchronous actor's batches consumed
   ahead of the position before a resume), or prioritised by each prompt's
   failure rate and/or restricted to the curriculum's current difficulties
-  (``signal.select_prompts``; the position stays).
+  (``signal.select_prompts``; the position stays). ``pool`` (int ids, None
+  for all N) restricts data order to those prompts (a stage's task
+  families): position ``i`` is ``pool[i % len(pool)]``.
   """
 
   def __init__(self, signal_cfg: signal.SignalConfig, difficulty_N: np.ndarray,
-               position: int = 0, skip=()):
+               position: int = 0, skip=(), pool: np.ndarray | None = None):
     self.signal_cfg = signal_cfg
     self.difficulty_N = np.asarray(difficulty_N)
+    self.pool = np.arange(len(self.difficulty_N)) if pool is None else np.asarray(pool)
     self.position = int(position)
     self.skip = {int(p) for p in skip}
     self.last_position = self.position - 1  # of the last prompt drawn
@@ -99,7 +102,7 @@ class PromptSource:
         positions.append(self.position)
       self.position += 1
     self.last_position = positions[-1] if positions else self.last_position
-    return np.asarray(positions, np.int64) % len(self.difficulty_N)
+    return self.pool[np.asarray(positions, np.int64) % len(self.pool)]
 
 
 @dataclasses.dataclass

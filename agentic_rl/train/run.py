@@ -57,6 +57,29 @@ class Run:
   def host(self) -> bool:
     return isinstance(self.tasks, HostTasks)
 
+  @property
+  def family_names(self) -> tuple[str, ...]:
+    """The task families, in the order of :meth:`families_of`'s indices: a
+    host environment is one family, ``"host"``."""
+    return ("host",) if self.host else tuple(self.cfg.tasks.families)
+
+  def families_of(self, split: str, ids) -> np.ndarray:
+    """int ``[N]``: the family (index into :attr:`family_names`) of prompts
+    ``ids`` of ``split``."""
+    ids = np.asarray(ids)
+    if self.host:
+      return np.zeros(ids.shape, np.int64)
+    return np.asarray(self.tasks.instances(split, ids).family, np.int64)
+
+  def prompt_pool(self, families) -> np.ndarray | None:
+    """int: the training prompts of the named ``families`` (a stage's
+    ``families``), in data order; None (every prompt) when empty."""
+    if not families:
+      return None
+    ids = np.arange(self.cfg.tasks.train_size)
+    wanted = [self.family_names.index(f) for f in families]
+    return ids[np.isin(self.families_of("train", ids), wanted)]
+
   def engine(self, sampling: SamplingConfig, rows: int, group_size: int = 1) -> RolloutEngine:
     """One compiled engine per (sampling settings, batch rows, group size),
     shared by the RL stages and evaluation. Rows are episodes: groups are
@@ -237,8 +260,10 @@ def build(cfg) -> Run:
 
 
 def evaluate(run: Run, params, key) -> dict[str, float]:
-  """Greedy success on ``num_prompts`` held-out test prompts, and pass@k from
-  ``pass_k`` samples (temperature 1) on the first ``pass_k_prompts``."""
+  """Greedy success on ``num_prompts`` held-out test prompts (and, with
+  several task families, on each family's: ``eval/success/<family>``), and
+  pass@k from ``pass_k`` samples (temperature 1) on the first
+  ``pass_k_prompts``."""
   cfg = run.cfg
   n, k, n_k, rows = (cfg.eval.num_prompts, cfg.eval.pass_k, cfg.eval.pass_k_prompts,
                      cfg.eval.batch_rows)
@@ -249,6 +274,10 @@ def evaluate(run: Run, params, key) -> dict[str, float]:
                         np.repeat(np.arange(n_k), k), key, 0, rows)
   success_PxK = np.asarray(sampled.reward_components["outcome"]).reshape(n_k, k) > 0.5
   out = {"eval/success": float(success.mean())}
+  if len(run.family_names) > 1:  # and each family's share of it
+    family = run.families_of("test", np.arange(n))
+    out.update({f"eval/success/{name}": float(success[family == f].mean())
+                for f, name in enumerate(run.family_names) if np.any(family == f)})
   out.update({k_: float(v) for k_, v in
               exploration.pass_at_k_metrics(success_PxK, k).items()})
   return out

@@ -5,21 +5,25 @@ r"""The default experiment: staged SFT then RL on a mix of multi-turn tool tasks
   python -m experiments.train --config.rl.loss=cispo --config.rl.group_size=8
 
 Stages run in the order of ``stages``; each names a section of this config
-whose ``kind`` is ``sft`` or ``rl``. Add an RL stage by copying ``rl`` under a
-new name and listing it.
+whose ``kind`` is ``sft``, ``rl`` or ``distill``. Add an RL stage by copying
+``rl`` under a new name and listing it (``families`` picks its task
+families); ``distill`` merges a teacher per family into one student.
 
 Variants (the ``:arg`` suffix, comma-separated): ``tiny`` (seconds, for tests),
 ``calc`` (calculator chains only), ``offpolicy`` (``max_staleness=2`` with
 truncated importance sampling), ``ledger`` (the long-horizon host family
-whose tool results outgrow the context: ``--config.context.policy``).
+whose tool results outgrow the context: ``--config.context.policy``),
+``stagewise`` (one RL stage per task family, ``rl_<family>``, in order).
 """
 
+import copy
 import dataclasses
 
 import ml_collections
 from ml_collections.config_dict import placeholder
 
 from agentic_rl import objectives
+from agentic_rl.envs import registry
 from agentic_rl.invariants import shift, signal
 from agentic_rl.rollout import context
 
@@ -130,15 +134,46 @@ def _rl_stage() -> ml_collections.ConfigDict:
       temperature=1.0,
       top_k=0,
       top_p=1.0,
+      # The task families (of tasks.families) this stage draws its prompts
+      # from, in data order; () for all. Stages on different families train
+      # one policy family by family.
+      families=(),
+  ))
+
+
+def _distill_stage() -> ml_collections.ConfigDict:
+  """One student from a teacher per task family (agentic_rl/train/distill.py).
+  List it in ``stages`` and set the teachers' run directories:
+  ``"--config.stages=('sft', 'distill')" --config.distill.teachers.calc_chain=DIR``."""
+  return ml_collections.ConfigDict(dict(
+      kind="distill",
+      # on_policy: the student samples, the loss is the per-token reverse KL
+      # to its prompt's teacher; teacher_sft: the teachers sample, the
+      # student imitates their tokens.
+      mode="on_policy",
+      # The latest checkpoint of a run directory of this model per family;
+      # "all" serves every family without its own.
+      teachers=ml_collections.ConfigDict(
+          {name: "" for name in (*registry.ENVS, "host", "all")}),
+      iterations=40,
+      prompts_per_step=16,
+      group_size=1,
+      learning_rate=1e-3,
+      warmup_steps=0,
+      weight_decay=0.0,
+      temperature=1.0,
+      top_k=0,
+      top_p=1.0,
+      families=(),
   ))
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
   variants = {a for a in arg.split(",") if a}
-  unknown = variants - {"tiny", "calc", "offpolicy", "ledger"}
+  valid = ("tiny", "calc", "offpolicy", "ledger", "stagewise")
+  unknown = variants - set(valid)
   if unknown:
-    raise ValueError(f"unknown config variant(s) {sorted(unknown)}; "
-                     "valid: tiny, calc, offpolicy, ledger")
+    raise ValueError(f"unknown config variant(s) {sorted(unknown)}; valid: {', '.join(valid)}")
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.model = ml_collections.ConfigDict(dict(
@@ -230,6 +265,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.stages = ("sft", "rl")
   c.sft = _sft_stage()
   c.rl = _rl_stage()
+  c.distill = _distill_stage()  # not in stages unless listed
 
   if "calc" in variants:
     c.tasks.families, c.tasks.weights = ("calc_chain",), (1.0,)
@@ -249,6 +285,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                    head_dim=16, mlp_dim=64)
     c.sft.update(steps=4, batch_size=8, num_demos=64)
     c.rl.update(iterations=3, prompts_per_step=4, group_size=2)
+    c.distill.update(iterations=3, prompts_per_step=4)
     # The tiny policy rarely succeeds: an efficiency reward that does not
     # wait for success makes the rewards of a group differ, so every RL
     # update moves the parameters.
@@ -259,4 +296,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # Loading torch for the deployment check takes seconds: tiny runs skip it
     # unless asked (--config.export.deploy_check=auto).
     c.export.update(deploy_check="off", check_prompts=4)
+  if "stagewise" in variants:
+    # One RL stage per task family, in tasks.families order (rl_<family>,
+    # each a copy of rl): one policy trained family by family.
+    per_family = [f"rl_{f}" for f in c.tasks.families]
+    for name, family in zip(per_family, c.tasks.families):
+      c[name] = copy.deepcopy(c.rl)
+      c[name].families = (family,)
+    c.stages = ("sft", *per_family)
   return c
