@@ -29,7 +29,7 @@ from agentic_rl.rollout.sampling import SamplingConfig
 from agentic_rl.text import load_codec
 from agentic_rl.text import tokenizer as tok_lib
 from agentic_rl.train import export as export_lib
-from agentic_rl.train import sharding
+from agentic_rl.train import reward_hooks, sharding
 
 STAGE_KINDS = ("sft", "rl", "distill")
 DISTILL_MODES = ("on_policy", "teacher_sft")  # agentic_rl.train.distill
@@ -331,6 +331,33 @@ def _validate_distill_stage(name: str, stage, cfg, model_cfg) -> None:
     _err(f"config.{name}.temperature must be > 0, got {stage.temperature}")
 
 
+def _validate_reward_hooks(cfg) -> None:
+  """``config.reward_hooks`` (agentic_rl.train.reward_hooks)."""
+  h = cfg.get("reward_hooks")
+  if h is None:
+    return
+  if h.function.weight:
+    try:
+      reward_hooks.load_function(h.function.fn)
+    except ValueError as e:
+      _err(f"config.{e} (or set config.reward_hooks.function.weight=0)")
+  j = h.judge
+  if not j.weight:
+    return
+  if not (os.path.isdir(os.path.join(j.run, "checkpoints"))
+          and os.path.isfile(os.path.join(j.run, "config.json"))):
+    _err(f"config.reward_hooks.judge.run={j.run!r} is not a run directory of this project "
+         "(WORKDIR with checkpoints/ and config.json); train one with experiments.train or "
+         "set config.reward_hooks.judge.weight=0")
+  _check_positive("config.reward_hooks.judge.samples", j.samples)
+  if j.aggregate not in reward_hooks.AGGREGATES:
+    _err(f"config.reward_hooks.judge.aggregate is {j.aggregate!r}; valid: "
+         f"{', '.join(reward_hooks.AGGREGATES)}")
+  if not j.rubric:
+    _err("config.reward_hooks.judge.rubric is empty: write the question the judge answers "
+         "yes or no")
+
+
 def _validate_host_tasks(cfg) -> None:
   """``config.tasks`` with ``source="host"``: the environment loads, builds
   and speaks the protocol; the stages ask nothing it cannot give."""
@@ -460,6 +487,7 @@ def _validate(cfg) -> None:
     _err(f"config.tasks.source is {source!r}; valid: {', '.join(TASK_SOURCES)}")
   if source == "host":
     _validate_host_tasks(cfg)
+  _validate_reward_hooks(cfg)
   unknown = set(cfg.tasks.families) - set(registry.ENVS)
   if unknown:
     _err(f"config.tasks.families has unknown task families {sorted(unknown)}; "

@@ -49,6 +49,7 @@ from agentic_rl.rollout.types import EPISODE_STATUS, FAILED_STATUS, Rollout
 from agentic_rl.train import checkpoint as checkpoint_lib
 from agentic_rl.train import config as config_lib
 from agentic_rl.train import learner
+from agentic_rl.train import reward_hooks
 from agentic_rl.train import sharding
 from agentic_rl.train.run import Run
 
@@ -258,6 +259,7 @@ def collect(run: Run, rl: RLStage, actor, prompts: PromptSource,
                      temperature=tau if scheduled else None,
                      weights=weights if callable(actor) else None,
                      restart=rl.shift_cfg.partial_rollout == "restart")
+    ro = reward_hooks.apply(run.hooks, ro, jax.random.fold_in(k, 1))  # judge, function
     return (ro.reward_components["outcome"] > 0.5).reshape(len(ids_N), n), ro
 
   draw = functools.partial(prompts.draw, history=history, step=step)

@@ -38,7 +38,7 @@ from agentic_rl.rollout.sampling import SamplingConfig
 from agentic_rl.rollout.types import EPISODE_STATUS, Rollout, select_rows
 from agentic_rl.text import load_codec
 from agentic_rl.train import config as config_lib
-from agentic_rl.train import sharding
+from agentic_rl.train import reward_hooks, sharding
 
 
 @dataclasses.dataclass
@@ -52,6 +52,7 @@ class Run:
   model_config: model_lib.TransformerConfig
   mesh: Any
   engines: dict = dataclasses.field(default_factory=dict)
+  hooks: reward_hooks.Hooks = dataclasses.field(default_factory=reward_hooks.Hooks)
 
   @property
   def host(self) -> bool:
@@ -245,18 +246,19 @@ def build(cfg) -> Run:
   codec = load_codec(cfg.model.get("init_from") or None)
   model_config = config_lib.model_config(cfg)
   mesh = sharding.make_mesh(sharding.MeshConfig(**cfg.mesh))
+  hooks = reward_hooks.make_hooks(cfg, codec, config_lib.model_config)
   if cfg.tasks.source == "host":
     tasks = HostTasks(host_lib.load_factory(cfg.tasks.host_env),
                       host_lib.host_kwargs(cfg.tasks.host_kwargs), spec=cfg.tasks.host_env,
                       pool=cfg.tasks.env_pool)
-    return Run(cfg, codec, None, tasks, model_config, mesh)
+    return Run(cfg, codec, None, tasks, model_config, mesh, hooks=hooks)
   env = envs_lib.make_env(
       "mixture", codec, members=tuple(cfg.tasks.families),
       weights=tuple(cfg.tasks.weights),
       rewards=envs_lib.RewardConfig(**cfg.tasks.rewards))
   tasks = Tasks(env, seed=cfg.seed, difficulty=cfg.tasks.difficulty,
                 prompt_len=cfg.sampling.max_total_tokens // 2)
-  return Run(cfg, codec, env, tasks, model_config, mesh)
+  return Run(cfg, codec, env, tasks, model_config, mesh, hooks=hooks)
 
 
 def evaluate(run: Run, params, key) -> dict[str, float]:

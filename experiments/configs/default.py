@@ -234,6 +234,19 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       train_size=20_000,
       test_size=256,
   ))
+  # Reward components beyond the environment's rules
+  # (agentic_rl/train/reward_hooks.py), added to its reward with these
+  # weights (0: off) and logged as reward/judge, reward/function. judge: a
+  # rubric scored yes/no by a frozen judge, the latest checkpoint of the run
+  # directory `run` (this tokenizer; any architecture), from `samples`
+  # verdicts, their mean or majority. function: "MODULE:NAME", called as
+  # NAME(rollout) -> [B] floats.
+  c.reward_hooks = ml_collections.ConfigDict(dict(
+      judge=ml_collections.ConfigDict(dict(
+          weight=0.0, run="", samples=1, aggregate="mean",
+          rubric="\nDid the assistant answer the question correctly? Answer yes or no: ")),
+      function=ml_collections.ConfigDict(dict(weight=0.0, fn="")),
+  ))
   # The G rollouts of a prompt share its prefill. decode_shared_prefix: they
   # also decode from one copy of its cache (agentic_rl/model/prefix.py),
   # faster for long prompts; the same tokens up to float rounding, which
