@@ -11,7 +11,7 @@ from flax import struct
 
 from agentic_rl.invariants import exploration, shift, signal
 from agentic_rl.invariants.host import host_rng
-from agentic_rl.train import rl
+from agentic_rl.train import reward_hooks, rl
 
 
 @struct.dataclass
@@ -23,6 +23,8 @@ class _Rollout:
 
 class _Run:
   """``Run.rollout`` with P(success) = p_true[prompt]; records the calls."""
+
+  hooks = reward_hooks.Hooks()  # none
 
   def __init__(self, p_true):
     self.p_true, self.calls = p_true, []
