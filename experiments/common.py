@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
@@ -14,6 +16,32 @@ def write_json(path: str, obj: Any, **dump_kwargs) -> None:
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
   with open(path, "w") as f:
     json.dump(obj, f, **{"indent": 2, **dump_kwargs})
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def train_command(workdir: str, variant: str, overrides: Mapping[str, Any]) -> list[str]:
+  """``python -m experiments.train`` on ``default.py:<variant>`` with the
+  dotted config keys ``overrides`` (a tuple written as its literal)."""
+  return [sys.executable, "-m", "experiments.train", f"--workdir={workdir}",
+          f"--config=experiments/configs/default.py:{variant}"] + [
+              f"--config.{k}={v!r}" if isinstance(v, tuple) else f"--config.{k}={v}"
+              for k, v in overrides.items()]
+
+
+def train_once(workdir: str, variant: str, overrides: Mapping[str, Any], log: str) -> None:
+  """Runs :func:`train_command` in its own process, its output into
+  ``log``, unless ``workdir`` holds a finished run (a ``summary.json``);
+  raises naming the log when it fails."""
+  if os.path.exists(os.path.join(workdir, "summary.json")):
+    return
+  os.makedirs(os.path.dirname(log) or ".", exist_ok=True)
+  with open(log, "w") as f:
+    done = subprocess.run(train_command(workdir, variant, overrides), cwd=REPO, stdout=f,
+                          stderr=subprocess.STDOUT)
+  if done.returncode:
+    raise RuntimeError(f"{workdir} failed; see {log}")
 
 
 def time_interleaved(contenders: Mapping[Hashable, Callable[[], Any]], *, warmup: int,

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -37,7 +36,6 @@ from absl import app, flags
 from agentic_rl.train import metrics as metrics_lib
 from experiments import common
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The scale of every run, small enough for 18 runs on a 2-core CPU: a
 # shorter warm start and RL stage than the default run's (uniform
 # allocation: the same rollouts every iteration), evaluated once at the end
@@ -88,23 +86,13 @@ def arm_config(study: str, arm: str, seed: int, tiny: bool) -> tuple[str, dict]:
 
 
 def command(study: str, arm: str, seed: int, workdir: str, tiny: bool) -> list[str]:
-  variant, overrides = arm_config(study, arm, seed, tiny)
-  return [sys.executable, "-m", "experiments.train", f"--workdir={workdir}",
-          f"--config=experiments/configs/default.py:{variant}"] + [
-              f"--config.{k}={v}" for k, v in overrides.items()]
+  return common.train_command(workdir, *arm_config(study, arm, seed, tiny))
 
 
 def _train(study: str, arm: str, seed: int, root: str, tiny: bool) -> None:
-  workdir = os.path.join(root, study, f"seed{seed}", arm)
-  if os.path.exists(os.path.join(workdir, "summary.json")):
-    return
-  log = os.path.join(root, f"{study}_{arm}_seed{seed}.log")
-  os.makedirs(root, exist_ok=True)
-  with open(log, "w") as f:
-    done = subprocess.run(command(study, arm, seed, workdir, tiny), cwd=REPO, stdout=f,
-                          stderr=subprocess.STDOUT)
-  if done.returncode:
-    raise RuntimeError(f"{study}/{arm} seed {seed} failed; see {log}")
+  common.train_once(os.path.join(root, study, f"seed{seed}", arm),
+                    *arm_config(study, arm, seed, tiny),
+                    os.path.join(root, f"{study}_{arm}_seed{seed}.log"))
 
 
 def run(root: str, studies: Sequence[str], seeds: Sequence[int], *, jobs: int, tiny: bool):
