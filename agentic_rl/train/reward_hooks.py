@@ -17,8 +17,8 @@ and the component is their mean (``aggregate="mean"``) or their majority
 (``"majority"``, 1 when more than half say yes): the majority of k draws
 is more often the judge's likelier verdict than one draw is, so a judge
 that is right more often than not becomes more reliable (Kimi K2's
-rubric rewards; robustness to judge noise). One forward of the judge over
-the batch, on the run's devices.
+rubric rewards; robustness to judge noise). One jitted forward of the
+judge over the batch, on the default device.
 
 ``function``: ``"MODULE:NAME"``, called as ``NAME(rollout) -> [B]`` floats
 with the :class:`~agentic_rl.rollout.types.Rollout` of the batch.
@@ -64,6 +64,8 @@ class Judge:
 
 @dataclasses.dataclass
 class Hooks:
+  """The run's hooks (``None``: off) and the function's weight."""
+
   judge: Judge | None = None
   function: Callable[[Rollout], Any] | None = None
   function_weight: float = 0.0
@@ -109,8 +111,13 @@ def make_hooks(cfg, codec, model_config_of) -> Hooks:
     config = judge_model_config(j.run, model_config_of)
     like = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.key(0)))
     yes, no = (codec.encode_text(w)[0] for w in ("yes", "no"))
+    rubric_ids = codec.encode_text(j.rubric)
+    if max(rubric_ids + [yes, no]) >= config.vocab_size:
+      raise ValueError(f"reward_hooks.judge.run={j.run!r} has a vocabulary of "
+                       f"{config.vocab_size} tokens, fewer than this run's tokenizer; a "
+                       "judge must share the run's tokenizer")
     hooks.judge = Judge(checkpoint_lib.load_params(j.run, like=like), config,
-                        np.asarray(codec.encode_text(j.rubric), np.int32), (yes, no),
+                        np.asarray(rubric_ids, np.int32), (yes, no),
                         float(j.weight), int(j.samples), j.aggregate)
   return hooks
 
@@ -158,6 +165,10 @@ def apply(hooks: Hooks, ro: Rollout, key) -> Rollout:
   if hooks.judge is not None:
     j = hooks.judge
     tokens_BxL, last_B = judge_inputs(ro, j.rubric_ids)
+    if tokens_BxL.max() >= j.model_config.vocab_size:
+      raise ValueError(f"an episode holds token {tokens_BxL.max()}, outside the judge's "
+                       f"vocabulary of {j.model_config.vocab_size}: a judge must share the "
+                       "run's tokenizer")
     p_B = yes_probability(j.model_config, j.params, jnp.asarray(tokens_BxL),
                           jnp.asarray(last_B), jnp.asarray(j.verdict_ids))
     score_B = np.asarray(aggregate_verdicts(p_B, key, j.samples, j.aggregate), np.float32)
