@@ -242,6 +242,7 @@ def test_the_stagewise_variant_trains_family_after_family():
   config_lib.validate(cfg)
 
 
+@pytest.mark.slow
 def test_distillation_on_two_devices_matches_one_device(teacher_dir, tmp_path):
   """The teacher scored inside the FSDP-sharded step: the same metrics."""
   one = str(tmp_path / "one")
