@@ -38,17 +38,23 @@ def load_factory(spec: str) -> Callable[..., Any]:
     return BUILTIN[spec]
   if spec.startswith("gem:"):
     return functools.partial(GemEnv, spec[len("gem:"):])
+  return load_callable(spec, "host_env", f"'MODULE:FACTORY', 'gem:<id>' or one of "
+                       f"{sorted(BUILTIN)}")
+
+
+def load_callable(spec: str, what: str, expected: str = "'MODULE:NAME'") -> Callable[..., Any]:
+  """The callable ``"MODULE:NAME"`` names; ValueError naming ``what`` (the
+  config key) and the ``expected`` form when it cannot be loaded."""
   module, _, attr = spec.partition(":")
   if not module or not attr:
-    raise ValueError(f"host_env={spec!r}: expected 'MODULE:FACTORY', 'gem:<id>' or one of "
-                     f"{sorted(BUILTIN)}")
+    raise ValueError(f"{what}={spec!r}: expected {expected}")
   try:
-    factory = getattr(importlib.import_module(module), attr)
+    fn = getattr(importlib.import_module(module), attr)
   except (ImportError, AttributeError) as e:
-    raise ValueError(f"host_env={spec!r} cannot be loaded: {e}") from None
-  if not callable(factory):
-    raise ValueError(f"host_env={spec!r} is not callable")
-  return factory
+    raise ValueError(f"{what}={spec!r} cannot be loaded: {e}") from None
+  if not callable(fn):
+    raise ValueError(f"{what}={spec!r} is not callable")
+  return fn
 
 
 def host_kwargs(value) -> dict[str, Any]:

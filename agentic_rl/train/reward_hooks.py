@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import json
 import os
 from typing import Any, Callable
@@ -42,6 +41,7 @@ import ml_collections
 import numpy as np
 
 from agentic_rl import model as model_lib
+from agentic_rl.envs import host as host_lib
 from agentic_rl.rollout.types import Rollout
 from agentic_rl.train import checkpoint as checkpoint_lib
 
@@ -77,16 +77,7 @@ class Hooks:
 
 def load_function(spec: str) -> Callable[[Rollout], Any]:
   """``"MODULE:NAME"``; ValueError saying what failed."""
-  module, _, attr = spec.partition(":")
-  if not module or not attr:
-    raise ValueError(f"reward_hooks.function.fn={spec!r}: expected 'MODULE:NAME'")
-  try:
-    fn = getattr(importlib.import_module(module), attr)
-  except (ImportError, AttributeError) as e:
-    raise ValueError(f"reward_hooks.function.fn={spec!r} cannot be loaded: {e}") from None
-  if not callable(fn):
-    raise ValueError(f"reward_hooks.function.fn={spec!r} is not callable")
-  return fn
+  return host_lib.load_callable(spec, "reward_hooks.function.fn")
 
 
 def judge_model_config(run_dir: str, model_config_of) -> model_lib.TransformerConfig:
