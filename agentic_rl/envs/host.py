@@ -22,11 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from agentic_rl.envs import remote, text_games
+from agentic_rl.envs import remote, swarm, text_games
 from agentic_rl.envs.gem import GemEnv
 
 BUILTIN: dict[str, Callable[..., Any]] = {"guess_number": text_games.GuessNumber,
-                                           "ledger": text_games.Ledger}
+                                           "ledger": text_games.Ledger,
+                                           "parallel_hops": swarm.ParallelHops}
 # Seeds of prompt i by split; streams stay disjoint up to 2**28 prompts each.
 SPLIT_OFFSETS = {"train": 0, "validation": 1 << 28, "test": 2 << 28, "demo": 3 << 28}
 

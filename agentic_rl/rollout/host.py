@@ -43,6 +43,12 @@ do not match the schema) is answered with an error observation, counted
 in ``num_tool_errors_B``, without calling the environment. Other actions
 go to ``step``.
 
+An environment may delegate: a ``step`` returning a :class:`~agentic_rl.
+envs.swarm.Spawn` has its sub-tasks played by the frozen sub-agents of the
+loop's ``swarm`` (:mod:`agentic_rl.rollout.swarm`), together with the other
+rows' spawns of the moment, and ``spawn.then(results)`` is the step's
+outcome; each row's delegation counts are in ``Rollout.info``.
+
 An optional ``actor(tag, observation) -> action_text`` scripts the policy:
 its actions are forced as policy tokens (loss mask 1, log-probs recorded)
 instead of sampled. An action may hold a stop id only at its end; one
@@ -54,6 +60,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import time
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -63,6 +70,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentic_rl import model as model_lib
+from agentic_rl.envs.swarm import Spawn
 from agentic_rl.rollout.engine import check_key, check_version, new_state, run_loop
 from agentic_rl.rollout import context as context_lib
 from agentic_rl.rollout.context import ContextConfig, Piece, Turn
@@ -127,13 +135,16 @@ class HostLoop:
     env_timeout_s: time limit of one ``reset`` or ``step`` call, or None.
     context: what an episode does when its context is full
       (:mod:`agentic_rl.rollout.context`); None truncates it.
+    swarm: the frozen sub-agents spawns run on
+      (:class:`agentic_rl.rollout.swarm.Swarm`); None: a spawn is an error.
   """
 
   def __init__(self, model_config: model_lib.TransformerConfig,
                sampling: SamplingConfig, codec: Codec, *, batch_size: int,
                max_obs_tokens: int = 128, system_prompt: str | None = None,
                obs_overflow: str = "end", env_workers: int = 1,
-               env_timeout_s: float | None = None, context: ContextConfig | None = None):
+               env_timeout_s: float | None = None, context: ContextConfig | None = None,
+               swarm=None):
     self.model_config = model_config.validate()
     self.sampling = sampling.validate()
     if batch_size < 1 or max_obs_tokens < 1:
@@ -156,6 +167,8 @@ class HostLoop:
     self._omitted = {t: codec.frame_observation_ids(codec.encode_text(context_lib.OMITTED),
                                                     tool=t) for t in (True, False)}
     self._contexts = [_RowContext() for _ in range(batch_size)]
+    self.swarm = swarm
+    self._tally = swarm.tally(batch_size) if swarm is not None else None
     if self.context.policy == "summary" and len(self._request) > max_obs_tokens + self._framing:
       raise ValueError(f"the summary request is {len(self._request)} tokens framed, more than "
                        f"an observation may be (max_obs_tokens={max_obs_tokens}); shorten "
@@ -287,13 +300,23 @@ class HostLoop:
         if not calling_B.any() and host.ended_B.all():
           return
         live = ~host.ended_B & ~host.awaiting_B
+        spawns = []
         for (b, kind), out in self.workers.results(block=not live.any()):
           calling_B[b] = False
           if kind == "reset":
             prefill_B[b] = self._start(host, b, episodes[b], out, actor)
+          elif out.ok and isinstance(out.value, Spawn):
+            spawns.append((b, out))
           else:
             prefill_B[b] |= self._env_step(host, b, self._action_ids(host, b),
                                            _checked_step(out), actor, episodes[b].tag)
+        if spawns:
+          for b, outcome in self._spawn(host, spawns, episodes):
+            if callable(outcome):
+              submit(b, "step", outcome)
+            else:
+              prefill_B[b] |= self._env_step(host, b, self._action_ids(host, b), outcome,
+                                             actor, episodes[b].tag)
         live = ~host.ended_B & ~host.awaiting_B
         if not live.any():
           continue
@@ -318,6 +341,31 @@ class HostLoop:
           act(b, episodes[b])
     finally:
       self.workers.abandon()
+
+  def _spawn(self, s: RolloutState, spawns: list[tuple[int, Outcome]], episodes):
+    """Runs the rows' spawns on the swarm, all at once; yields ``(b,
+    outcome)``: the step's outcome (an error observation), or a call that
+    gives it (``spawn.then`` of the results, run on the workers). The
+    sub-agents' wall time counts as each spawning row's environment time."""
+    ready = []
+    for b, out in spawns:
+      s.env_seconds_B[b] += out.seconds
+      error = ("error: this loop has no sub-agents" if self.swarm is None
+               else self.swarm.check(out.value))
+      if error is None:
+        ready.append((b, out.value))
+      else:
+        yield b, Outcome(value=(error, 0.0, False))
+    if not ready:
+      return
+    t0 = time.perf_counter()
+    key = jax.random.fold_in(episodes[ready[0][0]].key, int(s.num_actions_B[ready[0][0]]))
+    results = self.swarm.run([spawn for _, spawn in ready], key)
+    seconds = time.perf_counter() - t0
+    for (b, spawn), result in zip(ready, results):
+      s.env_seconds_B[b] += seconds
+      self._tally.add(b, result)
+      yield b, (lambda then=spawn.then, result=result: then(result))
 
   # ------------------------------------------------------------------ device
   def _prefill_rows(self, params, s: RolloutState, cache, rows: np.ndarray):
@@ -389,6 +437,8 @@ class HostLoop:
     s.env_seconds_B[b] = out.seconds
     s.status_B[b], s.truncated_B[b] = status, status != 0
     self._contexts[b] = _RowContext()
+    if self._tally is not None:
+      self._tally.reset(b)
     if status:
       return False
     if actor is not None:
@@ -397,6 +447,8 @@ class HostLoop:
 
   def _row(self, s: RolloutState, b: int) -> Rollout:
     row = jax.tree.map(np.asarray, jax.tree.map(lambda x: x[b:b + 1].copy(), s).to_rollout())
+    if self._tally is not None:
+      row = row.replace(info=self._tally.info(b, int(s.num_actions_B[b])))
     if not self.context.enabled:
       return row
     K, T = self.context.max_resets, s.tokens_BxT.shape[1]
@@ -456,7 +508,7 @@ class HostLoop:
     if len(framed) > s.queue_BxQ.shape[1]:  # re-tokenised with its framing, it grew
       s.status_B[b], s.truncated_B[b] = _STATUS["obs_overflow"], True
       return False
-    if s.num_actions_B[b] >= self.sampling.max_turns:
+    if s.num_actions_B[b] >= self.sampling.max_turns or self._over_critical_steps(s, b):
       s.truncated_B[b] = True
       return False
     turn = Turn(cur + 1 - len(action_ids), cur + 1, cur + 1, called)
@@ -464,6 +516,11 @@ class HostLoop:
       return self._overflow(s, b, turn, framed, obs, actor, tag)
     self._observe(s, b, turn, framed, obs, actor, tag)
     return False
+
+  def _over_critical_steps(self, s: RolloutState, b: int) -> bool:
+    """Row b has used its swarm's critical-step budget."""
+    limit = self.swarm.max_critical_steps if self.swarm is not None else 0
+    return bool(limit) and self._tally.critical_steps(b, int(s.num_actions_B[b])) >= limit
 
   def _reserve(self, b: int) -> int:
     """Room a queued observation must leave: one policy token, and with the

@@ -6,6 +6,7 @@ samples of each of ``P`` prompts (see :func:`to_groups`).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -58,6 +59,9 @@ class Rollout:
     segments: the earlier contexts of episodes whose context was rewritten
       (:mod:`agentic_rl.rollout.context`), or None without context
       management; the fields above describe the final context.
+    info: per-episode statistics of the rollout's source, float32 ``[B]``
+      by name (a host loop with sub-agents: ``parl/*``,
+      :mod:`agentic_rl.rollout.swarm`); empty otherwise.
   """
 
   tokens_BxT: jax.Array
@@ -82,6 +86,7 @@ class Rollout:
   status_B: jax.Array
   obs_clipped_B: jax.Array
   segments: Segments | None = None
+  info: dict[str, jax.Array] = dataclasses.field(default_factory=dict)
 
 
 @struct.dataclass

@@ -54,8 +54,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
+
+from agentic_rl import model as model_lib
 
 _KEY_DTYPE = jax.dtypes.prng_key
 
@@ -456,3 +459,23 @@ def load_params(workdir: str, *, like: Any) -> Any:
     raise ValueError("its parameters do not have this model's structure and shapes")
   return params
 
+
+
+def is_run_dir(path: str) -> bool:
+  """Whether ``path`` is a run directory of this project (``checkpoints/``
+  and ``config.json``)."""
+  return (os.path.isdir(os.path.join(path, "checkpoints"))
+          and os.path.isfile(os.path.join(path, "config.json")))
+
+
+def load_frozen(run_dir: str, model_config_of) -> tuple[Any, Any, Any]:
+  """``(params, model_config, config)`` of the run in ``run_dir``: the
+  latest checkpoint's parameters for the architecture of its
+  ``config.json`` (an ``ml_collections.ConfigDict``, through
+  ``model_config_of``, the trainer's ``config.model_config``). For a frozen
+  policy of another run: a judge, a sub-agent."""
+  with open(os.path.join(run_dir, "config.json")) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  model_config = model_config_of(config)
+  like = jax.eval_shape(lambda: model_lib.init_params(model_config, jax.random.key(0)))
+  return load_params(run_dir, like=like), model_config, config

@@ -28,8 +28,9 @@ from agentic_rl.rollout.host import OBS_OVERFLOW
 from agentic_rl.rollout.sampling import SamplingConfig
 from agentic_rl.text import load_codec
 from agentic_rl.text import tokenizer as tok_lib
+from agentic_rl.train import checkpoint as checkpoint_lib
 from agentic_rl.train import export as export_lib
-from agentic_rl.train import reward_hooks, sharding
+from agentic_rl.train import parl, reward_hooks, sharding
 
 STAGE_KINDS = ("sft", "rl", "distill")
 DISTILL_MODES = ("on_policy", "teacher_sft")  # agentic_rl.train.distill
@@ -344,8 +345,7 @@ def _validate_reward_hooks(cfg) -> None:
   j = h.judge
   if not j.weight:
     return
-  if not (os.path.isdir(os.path.join(j.run, "checkpoints"))
-          and os.path.isfile(os.path.join(j.run, "config.json"))):
+  if not checkpoint_lib.is_run_dir(j.run):
     _err(f"config.reward_hooks.judge.run={j.run!r} is not a run directory of this project "
          "(WORKDIR with checkpoints/ and config.json); train one with experiments.train or "
          "set config.reward_hooks.judge.weight=0")
@@ -488,6 +488,7 @@ def _validate(cfg) -> None:
   if source == "host":
     _validate_host_tasks(cfg)
   _validate_reward_hooks(cfg)
+  parl.validate(cfg, _err)
   unknown = set(cfg.tasks.families) - set(registry.ENVS)
   if unknown:
     _err(f"config.tasks.families has unknown task families {sorted(unknown)}; "

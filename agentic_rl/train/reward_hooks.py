@@ -31,13 +31,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-import os
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from agentic_rl import model as model_lib
@@ -80,13 +77,6 @@ def load_function(spec: str) -> Callable[[Rollout], Any]:
   return host_lib.load_callable(spec, "reward_hooks.function.fn")
 
 
-def judge_model_config(run_dir: str, model_config_of) -> model_lib.TransformerConfig:
-  """The architecture of the run in ``run_dir`` (its ``config.json``),
-  through ``model_config_of`` (the trainer's ``config.model_config``)."""
-  with open(os.path.join(run_dir, "config.json")) as f:
-    return model_config_of(ml_collections.ConfigDict(json.load(f)))
-
-
 def make_hooks(cfg, codec, model_config_of) -> Hooks:
   """The hooks of ``cfg.reward_hooks`` (a weight of 0 turns one off);
   ``model_config_of`` is the trainer's ``config.model_config``."""
@@ -99,15 +89,14 @@ def make_hooks(cfg, codec, model_config_of) -> Hooks:
         h.function.weight)
   j = h.judge
   if j.weight:
-    config = judge_model_config(j.run, model_config_of)
-    like = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.key(0)))
+    params, config, _ = checkpoint_lib.load_frozen(j.run, model_config_of)
     yes, no = (codec.encode_text(w)[0] for w in ("yes", "no"))
     rubric_ids = codec.encode_text(j.rubric)
     if max(rubric_ids + [yes, no]) >= config.vocab_size:
       raise ValueError(f"reward_hooks.judge.run={j.run!r} has a vocabulary of "
                        f"{config.vocab_size} tokens, fewer than this run's tokenizer; a "
                        "judge must share the run's tokenizer")
-    hooks.judge = Judge(checkpoint_lib.load_params(j.run, like=like), config,
+    hooks.judge = Judge(params, config,
                         np.asarray(rubric_ids, np.int32), (yes, no),
                         float(j.weight), int(j.samples), j.aggregate)
   return hooks

@@ -49,7 +49,7 @@ from agentic_rl.rollout.types import EPISODE_STATUS, FAILED_STATUS, Rollout
 from agentic_rl.train import checkpoint as checkpoint_lib
 from agentic_rl.train import config as config_lib
 from agentic_rl.train import learner
-from agentic_rl.train import reward_hooks
+from agentic_rl.train import parl, reward_hooks
 from agentic_rl.train import sharding
 from agentic_rl.train.run import Run
 
@@ -260,6 +260,7 @@ def collect(run: Run, rl: RLStage, actor, prompts: PromptSource,
                      weights=weights if callable(actor) else None,
                      restart=rl.shift_cfg.partial_rollout == "restart")
     ro = reward_hooks.apply(run.hooks, ro, jax.random.fold_in(k, 1))  # judge, function
+    ro = parl.with_bonus(run.cfg, ro, step)  # sub-agents' r_parallel, r_finish
     return (ro.reward_components["outcome"] > 0.5).reshape(len(ids_N), n), ro
 
   draw = functools.partial(prompts.draw, history=history, step=step)
@@ -443,6 +444,7 @@ def invariant_metrics(run: Run, rl: RLStage, collected: Collected, rows: ScoredR
   if "greedy_rewards_P" in shaped.per_group:
     metrics["reward/greedy_baseline"] = float(shaped.per_group["greedy_rewards_P"].mean())
   metrics.update({f"reward/{k}": float(np.mean(v)) for k, v in batch.reward_components.items()})
+  metrics.update({k: float(np.mean(v)) for k, v in batch.info.items()})  # parl/*
   metrics["reward/tokens_per_success"] = toggle.tokens_per_success(policy_tokens(batch), success)
   if shaped.over_budget_B is not None:
     metrics["reward/toggle_budget_phase"] = float(

@@ -35,10 +35,11 @@ from agentic_rl.rollout.context import policy_tokens, scored_rows
 from agentic_rl.rollout.engine import RolloutEngine, prompt_group_size
 from agentic_rl.rollout.host import HostLoop
 from agentic_rl.rollout.sampling import SamplingConfig
+from agentic_rl.rollout.swarm import Swarm
 from agentic_rl.rollout.types import EPISODE_STATUS, Rollout, select_rows
 from agentic_rl.text import load_codec
 from agentic_rl.train import config as config_lib
-from agentic_rl.train import reward_hooks, sharding
+from agentic_rl.train import parl, reward_hooks, sharding
 
 
 @dataclasses.dataclass
@@ -53,6 +54,7 @@ class Run:
   mesh: Any
   engines: dict = dataclasses.field(default_factory=dict)
   hooks: reward_hooks.Hooks = dataclasses.field(default_factory=reward_hooks.Hooks)
+  swarm: Swarm | None = None  # the frozen sub-agents of config.parl
 
   @property
   def host(self) -> bool:
@@ -164,7 +166,7 @@ class Run:
     cfg = self.cfg
     comps, term_B = rewards_lib.host_components(
         success=np.asarray(ro.reward_B) > cfg.tasks.success_threshold,
-        calls=ro.num_tool_calls_B, tokens=policy_tokens(ro),
+        calls=parl.charged_steps(cfg, ro), tokens=policy_tokens(ro),
         seconds=ro.env_seconds_B, max_turns=cfg.sampling.max_turns,
         max_action_len=cfg.sampling.max_new_tokens_per_turn,
         config=rewards_lib.RewardConfig.from_mapping(cfg.tasks.rewards))
@@ -190,7 +192,7 @@ class Run:
     return HostLoop(self.model_config, sampling, self.codec, batch_size=rows,
                     max_obs_tokens=t.max_obs_tokens, obs_overflow=t.obs_overflow,
                     env_workers=t.env_workers, env_timeout_s=t.env_timeout_s or None,
-                    context=config_lib.context_config(self.cfg))
+                    context=config_lib.context_config(self.cfg), swarm=self.swarm)
 
   def demonstrations(self, params, stage, key) -> dict[str, np.ndarray]:
     """The SFT stage's batch: ``tokens_BxT`` and ``loss_mask_BxT``, ``[N, T]``.
@@ -251,7 +253,8 @@ def build(cfg) -> Run:
     tasks = HostTasks(host_lib.load_factory(cfg.tasks.host_env),
                       host_lib.host_kwargs(cfg.tasks.host_kwargs), spec=cfg.tasks.host_env,
                       pool=cfg.tasks.env_pool)
-    return Run(cfg, codec, None, tasks, model_config, mesh, hooks=hooks)
+    swarm = parl.make_swarm(cfg, codec, config_lib.model_config, config_lib.sampling_config)
+    return Run(cfg, codec, None, tasks, model_config, mesh, hooks=hooks, swarm=swarm)
   env = envs_lib.make_env(
       "mixture", codec, members=tuple(cfg.tasks.families),
       weights=tuple(cfg.tasks.weights),
@@ -282,4 +285,5 @@ def evaluate(run: Run, params, key) -> dict[str, float]:
                 for f, name in enumerate(run.family_names) if np.any(family == f)})
   out.update({k_: float(v) for k_, v in
               exploration.pass_at_k_metrics(success_PxK, k).items()})
+  out.update({f"eval/{k_}": float(np.mean(v)) for k_, v in greedy.info.items()})  # parl/*
   return out

@@ -247,6 +247,19 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
           rubric="\nDid the assistant answer the question correctly? Answer yes or no: ")),
       function=ml_collections.ConfigDict(dict(weight=0.0, fn="")),
   ))
+  # PARL (agentic_rl/train/parl.py): frozen sub-agents a host environment's
+  # steps may spawn (agentic_rl/envs/swarm.py: Spawn; the built-in task
+  # host_env="parallel_hops"). agents: {name: run directory}, a JSON object
+  # on the command line; empty: off. rows: sub-episodes per engine call;
+  # max_width: tasks per spawn; max_critical_steps: an episode reaching it
+  # is truncated (0: none). charge: what the efficiency reward's calls part
+  # counts, "critical" (sum over steps of 1 + the longest sub-episode) or
+  # "total" steps. parallel_bonus, finish_bonus: weights of r_parallel
+  # (parallel width / max_width) and r_finish (share of sub-episodes done),
+  # annealed to 0 over anneal_iterations RL iterations (0: constant).
+  c.parl = ml_collections.ConfigDict(dict(
+      agents="", rows=16, max_width=4, max_critical_steps=0, charge="critical",
+      parallel_bonus=0.0, finish_bonus=0.0, anneal_iterations=0))
   # The G rollouts of a prompt share its prefill. decode_shared_prefix: they
   # also decode from one copy of its cache (agentic_rl/model/prefix.py),
   # faster for long prompts; the same tokens up to float rounding, which
