@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from agentic_rl.envs.boxes import BoxesEnv
 from agentic_rl.envs.calc_chain import CalcChainEnv
+from agentic_rl.envs.composed import ComposedEnv
 from agentic_rl.envs.mixture import MixtureEnv
 from agentic_rl.envs.multihop import MultiHopEnv
 
-ENVS = {"calc_chain": CalcChainEnv, "multihop": MultiHopEnv, "boxes": BoxesEnv}
+ENVS = {"calc_chain": CalcChainEnv, "multihop": MultiHopEnv, "boxes": BoxesEnv,
+        "composed": ComposedEnv}
 
 
 def make_env(name: str, tokenizer_or_codec, **kwargs):

@@ -18,6 +18,7 @@ from agentic_rl import objectives
 from agentic_rl.envs import host as host_lib
 from agentic_rl.envs import registry
 from agentic_rl.envs import rewards as rewards_lib
+from agentic_rl.envs import synthesis
 from agentic_rl.envs import tasks as tasks_lib
 from agentic_rl.envs.remote import ENV_POOLS
 from agentic_rl.invariants import exploration, shift, signal
@@ -497,6 +498,14 @@ def _validate(cfg) -> None:
   if not levels or not all(isinstance(d, int) and d >= 0 for d in levels):
     _err(f"config.tasks.difficulty must be a level >= 0 or a non-empty tuple of them, got "
          f"{cfg.tasks.difficulty!r}")
+  if programs := cfg.tasks.get("programs"):
+    if "composed" not in cfg.tasks.families:
+      _err(f"config.tasks.programs={programs!r} gives the programs of the 'composed' family, "
+           "which is not in config.tasks.families: add it or set programs=''")
+    try:
+      synthesis.load_programs(programs)
+    except ValueError as e:
+      _err(f"config.tasks.programs: {e}; write one with experiments.synthesize")
   if len(cfg.tasks.weights) != len(cfg.tasks.families):
     _err("config.tasks.weights needs one weight per family in config.tasks.families")
   try:

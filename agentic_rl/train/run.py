@@ -27,7 +27,7 @@ from agentic_rl import envs as envs_lib
 from agentic_rl import model as model_lib
 from agentic_rl.envs import host as host_lib
 from agentic_rl.envs import rewards as rewards_lib
-from agentic_rl.envs import scripted
+from agentic_rl.envs import scripted, synthesis
 from agentic_rl.envs.host import HostTasks
 from agentic_rl.envs.tasks import Tasks
 from agentic_rl.invariants import exploration
@@ -255,9 +255,12 @@ def build(cfg) -> Run:
                       pool=cfg.tasks.env_pool)
     swarm = parl.make_swarm(cfg, codec, config_lib.model_config, config_lib.sampling_config)
     return Run(cfg, codec, None, tasks, model_config, mesh, hooks=hooks, swarm=swarm)
+  member_kwargs = {}
+  if cfg.tasks.get("programs"):  # a synthesised task dataset
+    member_kwargs["composed"] = {"programs": synthesis.load_programs(cfg.tasks.programs)}
   env = envs_lib.make_env(
       "mixture", codec, members=tuple(cfg.tasks.families),
-      weights=tuple(cfg.tasks.weights),
+      weights=tuple(cfg.tasks.weights), member_kwargs=member_kwargs,
       rewards=envs_lib.RewardConfig(**cfg.tasks.rewards))
   tasks = Tasks(env, seed=cfg.seed, difficulty=cfg.tasks.difficulty,
                 prompt_len=cfg.sampling.max_total_tokens // 2)

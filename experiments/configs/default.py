@@ -13,11 +13,13 @@ Variants (the ``:arg`` suffix, comma-separated): ``tiny`` (seconds, for tests),
 ``calc`` (calculator chains only), ``offpolicy`` (``max_staleness=2`` with
 truncated importance sampling), ``ledger`` (the long-horizon host family
 whose tool results outgrow the context: ``--config.context.policy``),
-``stagewise`` (one RL stage per task family, ``rl_<family>``, in order).
+``stagewise`` (one RL stage per task family, ``rl_<family>``, in order),
+``composed`` (the synthesised family of ``experiments/tasks/composed.json``).
 """
 
 import copy
 import dataclasses
+import os
 
 import ml_collections
 from ml_collections.config_dict import placeholder
@@ -170,7 +172,7 @@ def _distill_stage() -> ml_collections.ConfigDict:
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
   variants = {a for a in arg.split(",") if a}
-  valid = ("tiny", "calc", "offpolicy", "ledger", "stagewise")
+  valid = ("tiny", "calc", "offpolicy", "ledger", "stagewise", "composed")
   unknown = variants - set(valid)
   if unknown:
     raise ValueError(f"unknown config variant(s) {sorted(unknown)}; valid: {', '.join(valid)}")
@@ -214,6 +216,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       obs_overflow="end",
       success_threshold=0.5,
       families=("calc_chain", "multihop"),
+      # The programs of the "composed" family: a task dataset written by
+      # experiments.synthesize (agentic_rl/envs/synthesis.py); empty: the
+      # family's shipped set.
+      programs="",
       weights=(0.5, 0.5),
       # Difficulty levels of the task pool: prompt i has difficulty[i % len].
       difficulty=(1,),
@@ -303,6 +309,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                    host_kwargs='{"entries": 10, "min_entries": 2}')
     c.sampling.update(max_turns=12, max_new_tokens_per_turn=12, max_total_tokens=224)
     c.context.max_resets = 6
+  if "composed" in variants:
+    # A synthesised family (experiments/tasks/composed.json, written by
+    # experiments.synthesize): programs over the built-in tools.
+    c.tasks.update(families=("composed",), weights=(1.0,), programs=os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "tasks", "composed.json"))
   if "offpolicy" in variants:
     c.rl.max_staleness = 2
     c.rl.correction = "tis"
