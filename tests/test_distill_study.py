@@ -1,31 +1,18 @@
 """The distillation study: every run's command line is a valid config with
 its keys; the retention table from per-seed numbers."""
 
-import ast
 import json
 import os
 
 import pytest
 
+import train_commands
 from agentic_rl.train import config as config_lib
-from experiments import common, distill_study
-from experiments.configs import default
+from experiments import distill_study
 
 
 def _config_of(name, seed, root, tiny):
-  """The config a run's command line gives (values parsed as the flags do)."""
-  variant, overrides = distill_study.run_config(name, seed, root, tiny)
-  cmd = common.train_command("/tmp/x", variant, overrides)
-  assert f"--config=experiments/configs/default.py:{variant}" in cmd
-  cfg = default.get_config(variant)
-  for arg in cmd[5:]:
-    dotted, value = arg[len("--config."):].split("=", 1)
-    *path, key = dotted.split(".")
-    node = cfg
-    for part in path:
-      node = node[part]
-    node[key] = ast.literal_eval(value) if value.startswith("(") else type(node[key])(value)
-  return cfg
+  return train_commands.config_of(*distill_study.run_config(name, seed, root, tiny))
 
 
 @pytest.mark.parametrize("tiny", [False, True])
