@@ -3,17 +3,21 @@ r"""PARL: does an orchestrator learn to delegate when critical steps count?
   python -m experiments.parl_study --jobs=2           # docs/parl/results.{md,json}
   python -m experiments.parl_study --tiny --out=/tmp/ps   # seconds per run
 
-The task is ``parallel_hops`` with four independent two-hop questions: done
-alone it takes 8 lookups and an answer (9 critical steps); spawning one
-frozen sub-agent per question takes 1 + 3 + 1 = 5 critical steps but 14
-steps in total. The sub-agent is one run trained on ``multihop`` (SFT then
-RL), shared by every seed. Each orchestrator is warm-started on
+The task is ``parallel_hops`` with three independent two-hop questions:
+done alone it takes 6 lookups and an answer (7 critical steps); spawning
+one frozen sub-agent per question takes 1 + 3 + 1 = 5 critical steps but
+11 steps in total. The sub-agent is one run trained on ``multihop`` (SFT
+then RL), shared by every seed. Each orchestrator is warm-started on
 demonstrations a quarter of which spawn (the same warm start for both arms
 of a seed), then trained with RL under one of two charges:
 
-- ``critical``: the efficiency reward (weight 1, calls only, gated on
-  success) counts critical steps: ``1 - critical / 10``;
-- ``total``: it counts total steps, every sub-agent step too.
+- ``critical``: the efficiency reward (weight 0.5, calls only, gated on
+  success) counts critical steps, and an episode is truncated when they
+  reach 6 (Kimi K2.5's latency budget: alone, the task does not fit);
+- ``total``: it counts total steps, every sub-agent step too; no budget.
+
+The budget constrains the policy's episodes (RL and evaluation), not the
+scripted demonstrations.
 
 Each run is ``python -m experiments.train`` in its own process under
 ``--workdir``; a run with a ``summary.json`` is not run again. The table
@@ -36,17 +40,18 @@ from absl import app, flags
 from agentic_rl.train import metrics as metrics_lib
 from experiments import common
 
-ARMS = {"critical": {"parl.charge": "critical"}, "total": {"parl.charge": "total"}}
+ARMS = {"critical": {"parl.charge": "critical", "parl.max_critical_steps": 6},
+        "total": {"parl.charge": "total"}}
 SUB_AGENT = {"tasks.families": ("multihop",), "tasks.weights": (1.0,), "rl.iterations": 20}
 ORCHESTRATOR = {
     "tasks.source": "host", "tasks.host_env": "parallel_hops",
-    "tasks.host_kwargs": json.dumps({"questions": 4, "level": 1, "spawn_demos": 0.25,
+    "tasks.host_kwargs": json.dumps({"questions": 3, "level": 1, "spawn_demos": 0.25,
                                      "agent": "hop"}),
-    "tasks.max_obs_tokens": 24, "sampling.max_turns": 10,
-    "sampling.max_new_tokens_per_turn": 24, "sampling.max_total_tokens": 256,
-    "tasks.rewards.efficiency": 1.0, "tasks.rewards.efficiency_weights.calls": 1.0,
-    "tasks.rewards.efficiency_weights.tokens": 0.0, "sft.num_demos": 1024,
-    "rl.iterations": 30}
+    "tasks.max_obs_tokens": 24, "sampling.max_turns": 8,
+    "sampling.max_new_tokens_per_turn": 24, "sampling.max_total_tokens": 224,
+    "tasks.rewards.efficiency": 0.5, "tasks.rewards.efficiency_weights.calls": 1.0,
+    "tasks.rewards.efficiency_weights.tokens": 0.0, "sft.steps": 300, "sft.num_demos": 512,
+    "rl.iterations": 20, "eval.num_prompts": 64, "eval.batch_rows": 64}
 SCALE = {"eval.every": 1000, "checkpoint.every": 1000, "export.deploy_check": "off"}
 TINY_SCALE = {"sft.steps": 4, "rl.iterations": 2, "eval.every": 1000,
               "checkpoint.every": 1000, "sampling.max_total_tokens": 160}

@@ -282,13 +282,14 @@ def test_charging_critical_steps_and_their_budget(sub_agent_dir, tmp_path):
   # Critical steps, not total ones, against max_turns=4: every episode over it.
   assert r["parl/critical_steps"] > 4 and r["reward/efficiency_calls"] == 0
   assert "reward/parl_bonus" not in r
-  # The demonstrations' 3 plain steps fit a budget of 3; the second spawn
-  # (critical steps 2 + two sub-episodes) reaches it: truncated.
-  cfg.parl.max_critical_steps = 3
+  # The first spawn (1 step and two sub-episodes) reaches a budget of 2:
+  # truncated. The demonstrations' 3 steps are not held to it (else none
+  # would end done and the SFT stage would be refused).
+  cfg.parl.max_critical_steps = 2
   loop.train(cfg, str(tmp_path / "budget"))
   records = metrics_lib.read_metrics(os.path.join(str(tmp_path / "budget"), "metrics.jsonl"))
   r = [r for r in records if "parl/spawns" in r][0]
-  assert r["episode/turns"] == 2 and r["episode/truncated"] == 1 and r["parl/spawns"] == 5
+  assert r["episode/turns"] == 1 and r["episode/truncated"] == 1 and r["parl/spawns"] == 2
   assert r["reward/outcome"] == 0
 
 

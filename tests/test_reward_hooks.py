@@ -109,6 +109,16 @@ def test_a_noisy_judge_moves_the_rewards_and_the_signal_metrics(judge_dir, tmp_p
   assert all(r["signal/zero_variance_frac"] == 1.0 for r in judged)
 
 
+def test_a_majority_of_judge_samples_scores_each_episode_zero_or_one(judge_dir, tmp_path):
+  cfg = _rl_cfg()
+  cfg.reward_hooks.judge.update(weight=1.0, run=judge_dir, samples=5, aggregate="majority")
+  loop.train(cfg, str(tmp_path))
+  B = cfg.rl.prompts_per_step * cfg.rl.group_size
+  for r in _records(str(tmp_path)):  # a batch mean of 0/1 scores: a multiple of 1/B
+    assert 0.0 < r["reward/judge"] < 1.0
+    assert abs(r["reward/judge"] * B - round(r["reward/judge"] * B)) < 1e-5
+
+
 def test_a_user_function_adds_its_weighted_component(tmp_path):
   CALLS.clear()
   cfg = _rl_cfg()

@@ -28,6 +28,7 @@ reported in ``Rollout.info`` with ``parl/spawns`` (sub-episodes),
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -89,6 +90,13 @@ class Swarm:
 
   def tally(self, rows: int) -> Tally:
     return Tally(rows)
+
+  def unbounded(self) -> Swarm:
+    """The same sub-agents (and compiled engines) without the critical-step
+    budget."""
+    other = copy.copy(self)
+    other.max_critical_steps = 0
+    return other
 
   def check(self, spawn: Spawn) -> str | None:
     """Why ``spawn`` cannot run (the policy's error observation), or None."""

@@ -142,7 +142,7 @@ class Run:
       return state.to_rollout()
     if temperature is not None:
       raise ValueError("host environments sample at the sampling config's temperature")
-    loop, envs = self.host_loop(sampling, len(ids))
+    loop, envs = self.host_loop(sampling, len(ids), scripted=actor is not None)
     latest = [version]
 
     def polled():
@@ -176,23 +176,28 @@ class Run:
     return ro.replace(reward_B=np.asarray(ro.reward_B, np.float32) + term_B,
                       turn_rewards_BxC=turn_rewards, reward_components=comps)
 
-  def host_loop(self, sampling: SamplingConfig, rows: int) -> tuple[HostLoop, list]:
+  def host_loop(self, sampling: SamplingConfig, rows: int, scripted: bool = False,
+                ) -> tuple[HostLoop, list]:
     """One compiled host loop and its ``rows`` environments per (sampling
-    settings, batch rows)."""
-    key = ("host", sampling, rows)
+    settings, batch rows, ``scripted``: for demonstrations)."""
+    key = ("host", sampling, rows, scripted)
     if key not in self.engines:
-      self.engines[key] = (self.new_host_loop(sampling, rows),
+      self.engines[key] = (self.new_host_loop(sampling, rows, scripted),
                            [self.tasks.make() for _ in range(rows)])
     return self.engines[key]
 
-  def new_host_loop(self, sampling: SamplingConfig, rows: int) -> HostLoop:
+  def new_host_loop(self, sampling: SamplingConfig, rows: int,
+                    scripted: bool = False) -> HostLoop:
     """A host loop of ``rows`` rows with the config's observation limits,
-    environment workers and context management."""
+    environment workers, context management and sub-agents. The
+    critical-step budget (``parl.max_critical_steps``) constrains the
+    policy's episodes, not ``scripted`` demonstrations."""
     t = self.cfg.tasks
+    swarm = self.swarm.unbounded() if scripted and self.swarm is not None else self.swarm
     return HostLoop(self.model_config, sampling, self.codec, batch_size=rows,
                     max_obs_tokens=t.max_obs_tokens, obs_overflow=t.obs_overflow,
                     env_workers=t.env_workers, env_timeout_s=t.env_timeout_s or None,
-                    context=config_lib.context_config(self.cfg), swarm=self.swarm)
+                    context=config_lib.context_config(self.cfg), swarm=swarm)
 
   def demonstrations(self, params, stage, key) -> dict[str, np.ndarray]:
     """The SFT stage's batch: ``tokens_BxT`` and ``loss_mask_BxT``, ``[N, T]``.
