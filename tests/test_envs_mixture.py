@@ -25,7 +25,7 @@ def mix(codec):
 
 
 def test_registry(codec, mix):
-  assert set(E.ENVS) == {"calc_chain", "multihop", "boxes"}
+  assert set(E.ENVS) == {"calc_chain", "multihop", "boxes", "composed"}
   for name, cls in E.ENVS.items():
     assert isinstance(E.make_env(name, codec.tokenizer), cls)  # a tokenizer also works
   assert isinstance(mix, E.MixtureEnv) and mix.names == ("boxes", "multihop")
