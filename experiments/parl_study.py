@@ -115,7 +115,7 @@ def write(results: dict, out: str, cmd: str) -> None:
   with open(os.path.join(out, "results.md"), "w") as f:
     f.write(f"# PARL: critical steps\n\nCommand: `{cmd}` ({minutes:.0f} min of orchestrator "
             f"runs, {time.strftime('%Y-%m-%d')}). Held-out greedy episodes of `parallel_hops` "
-            f"(4 questions, 2 hops), mean ± standard deviation over seeds {seeds}; spawns, "
+            f"(3 questions, 2 hops), mean ± standard deviation over seeds {seeds}; spawns, "
             "critical and total steps per episode.\n\n"
             f"{table(results)}\n")
 
