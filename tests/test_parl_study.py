@@ -24,8 +24,9 @@ def test_every_run_is_a_valid_config(tmp_path):
     cfg = train_commands.config_of("", {**parl_study.ORCHESTRATOR, **extra,
                                         "parl.agents": agents, "seed": 2, **parl_study.SCALE})
     config_lib.validate(cfg)
-    assert cfg.parl.charge == arm and cfg.seed == 2 and cfg.tasks.host_env == "parallel_hops"
-    assert json.loads(cfg.tasks.host_kwargs)["questions"] == 4
+    assert cfg.parl.charge == arm and cfg.seed == 2
+    assert cfg.parl.max_critical_steps == (6 if arm == "critical" else 0) and cfg.tasks.host_env == "parallel_hops"
+    assert json.loads(cfg.tasks.host_kwargs)["questions"] == 3
 
 
 def test_measures_and_table(tmp_path):
