@@ -180,7 +180,8 @@ class Run:
                 ) -> tuple[HostLoop, list]:
     """One compiled host loop and its ``rows`` environments per (sampling
     settings, batch rows, ``scripted``: for demonstrations)."""
-    key = ("host", sampling, rows, scripted)
+    scripted = scripted and self.swarm is not None and self.swarm.max_critical_steps > 0
+    key = ("host", sampling, rows, scripted)  # demonstrations differ only by the budget
     if key not in self.engines:
       self.engines[key] = (self.new_host_loop(sampling, rows, scripted),
                            [self.tasks.make() for _ in range(rows)])
