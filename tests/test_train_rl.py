@@ -5,6 +5,7 @@ for the engine)."""
 import dataclasses
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 from flax import struct
@@ -25,6 +26,7 @@ class _Run:
   """``Run.rollout`` with P(success) = p_true[prompt]; records the calls."""
 
   hooks = reward_hooks.Hooks()  # none
+  cfg = ml_collections.ConfigDict()  # no sub-agents
 
   def __init__(self, p_true):
     self.p_true, self.calls = p_true, []

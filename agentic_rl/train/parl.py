@@ -84,7 +84,7 @@ def make_swarm(cfg, codec, model_config_of, sampling_config_of) -> Swarm | None:
 def charged_steps(cfg, ro: Rollout) -> np.ndarray:
   """``[B]``: what the efficiency reward's ``calls`` part counts: the tool
   calls, or with sub-agents the episode's critical or total steps."""
-  if not ro.info or not enabled(cfg):
+  if not enabled(cfg) or not ro.info:
     return np.asarray(ro.num_tool_calls_B)
   return np.asarray(ro.info[f"parl/{cfg.parl.charge}_steps"])
 
@@ -94,7 +94,7 @@ def with_bonus(cfg, ro: Rollout, step: int) -> Rollout:
   ``step`` (annealed; module docstring) added to ``reward_B`` and reported
   as the component ``parl_bonus``; unchanged without sub-agents or
   bonuses."""
-  if not ro.info or not enabled(cfg) or not (cfg.parl.parallel_bonus or cfg.parl.finish_bonus):
+  if not enabled(cfg) or not ro.info or not (cfg.parl.parallel_bonus or cfg.parl.finish_bonus):
     return ro
   p = cfg.parl
   scale = 1.0 if not p.anneal_iterations else max(0.0, 1.0 - step / p.anneal_iterations)
