@@ -11,6 +11,7 @@ import pytest
 from agentic_rl import model as model_lib
 from agentic_rl.envs.host import SPLIT_OFFSETS
 from agentic_rl.envs.swarm import ParallelHops, Spawn, SubResult, Subtask, answer_of
+from agentic_rl.envs.text_games import GuessNumber
 from agentic_rl.rollout import HostLoop, SamplingConfig
 from agentic_rl.rollout.swarm import SubAgent, Swarm, Tally
 from agentic_rl.rollout.types import Rollout
@@ -313,3 +314,18 @@ def test_charged_steps_without_sub_agents_are_tool_calls():
   object.__setattr__(ro, "num_tool_calls_B", np.array([2, 3]))
   object.__setattr__(ro, "info", {})
   np.testing.assert_array_equal(parl.charged_steps(default.get_config("tiny"), ro), [2, 3])
+
+
+def test_text_subtasks_are_played_by_a_host_trained_sub_agent(codec):
+  agent = _agent(codec)
+  host_agent = SubAgent(agent.params, agent.model_config, agent.sampling, source="host")
+  swarm = Swarm({"g": host_agent, "j": agent}, codec, rows=2)
+  tasks = [Subtask(env=GuessNumber(high=4, max_guesses=2), seed=s) for s in range(3)]
+  spawn = Spawn("g", tasks, lambda results: ("", 0.0, True))
+  assert swarm.check(spawn) is None
+  assert swarm.check(Spawn("j", tasks, spawn.then)) == "error: agent 'j' plays built-in family tasks"
+  results = swarm.run([spawn], jax.random.key(0))[0]
+  assert len(results) == 3 and all(1 <= r.turns <= 2 for r in results)
+  # Played alone, each text episode ends the same way (greedy, its own seed).
+  again = swarm.run([Spawn("g", tasks[1:2], spawn.then)], jax.random.key(0))[0]
+  assert again[0].turns == results[1].turns and again[0].text == results[1].text
