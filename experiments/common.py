@@ -7,8 +7,10 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
+
+from absl import app, flags
 
 
 def write_json(path: str, obj: Any, **dump_kwargs) -> None:
@@ -66,3 +68,28 @@ def time_interleaved(contenders: Mapping[Hashable, Callable[[], Any]], *, warmup
       times[key].append((time.perf_counter() - start) / calls)
     order.reverse()
   return times
+
+
+def run_study(name: str, *, out: str, workdir: str,
+              run: Callable[..., None], collect: Callable[[str, Sequence[int]], dict],
+              write: Callable[[dict, str, str], None]) -> None:
+  """The command line of a seeded study ``python -m experiments.<name>``:
+  ``--out``, ``--workdir``, ``--seeds``, ``--jobs``, ``--tiny``. Calls
+  ``run(workdir, seeds, jobs=, tiny=)``, then ``write(collect(workdir,
+  seeds), out, command)`` and prints ``OUT/results.md``."""
+  out_ = flags.DEFINE_string("out", out, "Where the results go.")
+  workdir_ = flags.DEFINE_string("workdir", workdir, "Run directories.")
+  seeds_ = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds.")
+  jobs_ = flags.DEFINE_integer("jobs", 2, "Runs at a time.")
+  tiny_ = flags.DEFINE_bool("tiny", False, "Test scale (tiny model, a few steps).")
+
+  def main(argv):
+    del argv
+    seeds = [int(s) for s in seeds_.value]
+    run(workdir_.value, seeds, jobs=jobs_.value, tiny=tiny_.value)
+    write(collect(workdir_.value, seeds), out_.value,
+          f"python -m experiments.{name} " + " ".join(sys.argv[1:]))
+    with open(os.path.join(out_.value, "results.md")) as f:
+      print(f.read())
+
+  app.run(main)

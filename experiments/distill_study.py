@@ -25,12 +25,10 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
-import sys
 import time
 from collections.abc import Sequence
 
 import numpy as np
-from absl import app, flags
 
 from agentic_rl.train import metrics as metrics_lib
 from experiments import common
@@ -130,25 +128,6 @@ def write(results: dict, out: str, cmd: str) -> None:
             f"{table(results)}\n")
 
 
-def main(argv):
-  del argv
-  seeds = [int(s) for s in _SEEDS.value]
-  run(_WORKDIR.value, seeds, jobs=_JOBS.value, tiny=_TINY.value)
-  write(collect(_WORKDIR.value, seeds), _OUT.value,
-        "python -m experiments.distill_study " + " ".join(sys.argv[1:]))
-  print(open(os.path.join(_OUT.value, "results.md")).read())
-
-
-def _define_flags():
-  """The command line (defined only when run as a script)."""
-  global _OUT, _WORKDIR, _SEEDS, _JOBS, _TINY
-  _OUT = flags.DEFINE_string("out", "docs/distill", "Where the results go.")
-  _WORKDIR = flags.DEFINE_string("workdir", "/tmp/agentic_rl_distill", "Run directories.")
-  _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds.")
-  _JOBS = flags.DEFINE_integer("jobs", 2, "Runs at a time.")
-  _TINY = flags.DEFINE_bool("tiny", False, "Test scale (tiny model, a few steps).")
-
-
 if __name__ == "__main__":
-  _define_flags()
-  app.run(main)
+  common.run_study("distill_study", out="docs/distill", workdir="/tmp/agentic_rl_distill",
+                   run=run, collect=collect, write=write)
