@@ -151,6 +151,9 @@ def test_resume_gives_the_same_metrics(straight, tmp_path):
     (lambda c: (setattr(c.rl, "advantage", "rloo"), c.rl.signal.update(allocation="ada")),
      "ada_global_stats=False"),
     (lambda c: setattr(c.sft, "steps", -1), "sft.steps"),
+    (lambda c: setattr(c.sft.strategy_weights, "boxes", (1.0, 1.0)), r"strategy_weights\.boxes"),
+    (lambda c: setattr(c.sft.strategy_weights, "composed", (1.0,)), "not one of this run's"),
+    (lambda c: setattr(c.sft, "schedule", "cosine"), "schedule"),
     (lambda c: setattr(c.rl, "iterations", 0), "rl.iterations"),
     (lambda c: setattr(c.rl, "updates_per_batch", 0), "updates_per_batch"),
     (lambda c: setattr(c.checkpoint, "every", 0), "checkpoint.every"),
@@ -208,3 +211,23 @@ def test_rebn_runs_end_to_end(tmp_path, monkeypatch):
   assert np.isfinite(record["learner/loss"]) and np.isfinite(record["signal/adv_std"])
   rows = cfg.rl.prompts_per_step * cfg.rl.group_size
   assert [a.shape for a in made] == [(rows, cfg.sampling.max_total_tokens)]
+
+
+def test_rollout_budget_ends_the_stage_at_equal_sampling_cost(tmp_path):
+  # Uniform allocation spends P * G = 8 episodes an iteration: a budget of 12
+  # ends the stage after two of its ten iterations, evaluated at its end.
+  cfg = default.get_config("tiny")
+  cfg.stages = ("rl",)
+  cfg.rl.update(iterations=10, rollout_budget=12)
+  cfg.rl.signal.allocation = "uniform"
+  cfg.eval.every = 100
+  summary = loop.train(cfg, str(tmp_path))
+  records = metrics_lib.read_metrics(os.path.join(tmp_path, "metrics.jsonl"))
+  assert [r["signal/stage_rollouts"] for r in records] == [8.0, 16.0]
+  assert summary["steps"] == 2 and "eval/success" in records[-1]
+  assert summary["rl_success"] == records[-1]["eval/success"]
+  # A finished run resumed prints its summary: the budget still counts as done.
+  assert loop.train(cfg, str(tmp_path))["steps"] == 2
+  cfg.rl.rollout_budget = -1
+  with pytest.raises(ValueError, match="rollout_budget"):
+    config_lib.validate(cfg)

@@ -127,15 +127,18 @@ def demonstrations(env, instances: PyTree, key: jax.Array, *, strategy=0,
 
 
 def demonstration_batch(tasks: tasks_lib.Tasks, num_demos: int, key: jax.Array, *,
-                        noise: float, max_len: int) -> dict[str, np.ndarray]:
+                        noise: float, max_len: int,
+                        strategy_weights: dict[str, tuple[float, ...]] | None = None,
+                        ) -> dict[str, np.ndarray]:
   """Scripted demonstrations of ``tasks``' environment as token streams with
   loss masks: ``tokens_BxT`` int32 and ``loss_mask_BxT`` float32, ``[N, T]``
   with ``T = max_len``.
 
   Each member of a mixture contributes in proportion to its weight (about
-  ``num_demos`` in all), with its scripted strategies in turn and ``noise``
-  (wrong steps, early answers), so a policy trained on them is competent but
-  imperfect. A demonstration is exactly the stream the rollout engine would
+  ``num_demos`` in all), with its scripted strategies in equal shares (or in
+  the shares ``strategy_weights[member.name]`` gives, one weight per entry of
+  ``member.strategies``) and ``noise`` (wrong steps, early answers), so a
+  policy trained on them is competent but imperfect. A demonstration is exactly the stream the rollout engine would
   record for the scripted actions: prompt (mask 0), actions (mask 1) and
   framed observations (mask 0); streams longer than ``max_len`` are left
   out. Instances come from ``key``'s own stream, at the pool's difficulty
@@ -146,9 +149,19 @@ def demonstration_batch(tasks: tasks_lib.Tasks, num_demos: int, key: jax.Array, 
   rows, masks = [], []
   members = getattr(env, "envs", (env,))
   weights = getattr(env, "weights", (1.0,))
+  strategy_weights = strategy_weights or {}
   for f, (member, w) in enumerate(zip(members, weights)):
-    per_strategy = -(-int(round(num_demos * w)) // len(member.strategies))
+    shares = np.asarray(strategy_weights.get(member.name) or [1.0] * len(member.strategies),
+                        np.float64)
+    if shares.shape != (len(member.strategies),) or np.any(shares < 0) or not shares.sum():
+      raise ValueError(f"strategy weights of {member.name} must be {len(member.strategies)} "
+                       f"non-negative numbers, one per strategy {member.strategies}, not all "
+                       f"0; got {tuple(shares)}")
+    shares = shares / shares.sum()
     for s in range(len(member.strategies)):
+      per_strategy = int(np.ceil(round(num_demos * w) * shares[s] - 1e-9))
+      if not per_strategy:
+        continue
       k_inst, k_play = jax.random.split(jax.random.fold_in(jax.random.fold_in(key, f), s))
       inst = tasks_lib.generate_levels(member, jax.random.split(k_inst, per_strategy),
                                        tasks.difficulty_of(np.arange(per_strategy)))

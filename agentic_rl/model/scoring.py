@@ -23,7 +23,9 @@ from agentic_rl.model.transformer import forward, unembedding
 def sequence_logprobs(params, tokens_BxT: jax.Array, config: TransformerConfig, *,
                       temperature: float | jax.Array = 1.0, impl: str = "xla",
                       layer_params_constraint=None, group_size: int = 1,
-                      prefix_len: int = 0) -> tuple[jax.Array, jax.Array]:
+                      prefix_len: int = 0, positions_BxT: jax.Array | None = None,
+                      segment_ids_BxT: jax.Array | None = None
+                      ) -> tuple[jax.Array, jax.Array]:
   """``log pi(tokens[t] | tokens[:t])`` and the entropy of that distribution.
 
   ``pi = softmax(softcap(h_{t-1} @ W) / temperature)``, computed from the
@@ -51,6 +53,9 @@ def sequence_logprobs(params, tokens_BxT: jax.Array, config: TransformerConfig, 
   The same values to float rounding, gradients included; ``Lp = 0`` is the
   plain forward.
 
+  ``positions_BxT``, ``segment_ids_BxT``: :func:`forward`'s, for rows that
+  pack several sequences (``codec.pack_rows``); not with ``prefix_len``.
+
   Returns:
     float32 ``(logp_BxT, entropy_BxT)``; entry 0 (no prefix) is 0 in both.
   """
@@ -73,9 +78,13 @@ def sequence_logprobs(params, tokens_BxT: jax.Array, config: TransformerConfig, 
         **backends.logprob_kwargs(backends.resolve(backends.LOGPROBS, impl)))
 
   if prefix_len:
+    if positions_BxT is not None or segment_ids_BxT is not None:
+      raise ValueError("prefix_len shares each group's prompt, and packed rows "
+                       "(positions_BxT, segment_ids_BxT) have none to share")
     return _shared_prefix_logprobs(params, tokens_BxT, config, logprobs, group_size,
                                    prefix_len, layer_params_constraint)
   _, hidden_BxTxD = forward(params, tokens_BxT, config, return_hidden=True,
+                            positions_BxT=positions_BxT, segment_ids_BxT=segment_ids_BxT,
                             layer_params_constraint=layer_params_constraint)
   D = hidden_BxTxD.shape[-1]
   logp_N, entropy_N = logprobs(hidden_BxTxD[:, :-1].reshape(-1, D),

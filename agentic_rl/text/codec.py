@@ -34,6 +34,7 @@ against them (:class:`ToolCallError` says what is wrong).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import re
 from collections.abc import Mapping, Sequence
@@ -360,6 +361,53 @@ def frame_observation(obs_A: jax.Array, obs_len: jax.Array, ids: FormatIds,
                      jnp.where(pos <= n, body,
                                jnp.where(pos == n + 1, ids.tool_result_close, ids.pad)))
   return framed.astype(jnp.int32), (obs_len + 2).astype(jnp.int32)
+
+
+def pack_rows(tokens_NxT: np.ndarray, loss_mask_NxT: np.ndarray, pad_id: int
+              ) -> dict[str, np.ndarray]:
+  """Packs right-padded sequences into fewer rows of the same length T.
+
+  Best-fit decreasing: each sequence (its tokens before the first ``pad_id``)
+  goes, longest first, into the open row with the least room that still
+  holds it. A packed row holds its sequences back to back, then pad.
+
+  Returns ``tokens_BxT``, ``loss_mask_BxT`` (each sequence's own, 0 on pad),
+  ``positions_BxT`` (int32, restarting at 0 for each sequence) and
+  ``segment_ids_BxT`` (int32, 1, 2, ... per sequence within its row, 0 on
+  pad): the forward with these positions and segment ids gives every
+  sequence the log-probs it has alone (its first token, predicted from the
+  previous sequence, has loss mask 0 as a prompt token does).
+  """
+  tokens_NxT, loss_mask_NxT = np.asarray(tokens_NxT), np.asarray(loss_mask_NxT)
+  N, T = tokens_NxT.shape
+  is_pad = tokens_NxT == pad_id
+  lengths = np.where(is_pad.any(1), is_pad.argmax(1), T)
+  rows: list[list[int]] = []  # sequence indices per packed row
+  room: list[tuple[int, int]] = []  # sorted (free slots, row)
+  for i in np.argsort(-lengths, kind="stable"):
+    at = bisect.bisect_left(room, (int(lengths[i]), -1))
+    if at == len(room):
+      rows.append([])
+      free, r = T, len(rows) - 1
+    else:
+      free, r = room.pop(at)
+    rows[r].append(int(i))
+    bisect.insort(room, (free - int(lengths[i]), r))
+  B = len(rows)
+  out = {"tokens_BxT": np.full((B, T), pad_id, tokens_NxT.dtype),
+         "loss_mask_BxT": np.zeros((B, T), loss_mask_NxT.dtype),
+         "positions_BxT": np.zeros((B, T), np.int32),
+         "segment_ids_BxT": np.zeros((B, T), np.int32)}
+  for r, members in enumerate(rows):
+    at = 0
+    for k, i in enumerate(members):
+      n = int(lengths[i])
+      out["tokens_BxT"][r, at:at + n] = tokens_NxT[i, :n]
+      out["loss_mask_BxT"][r, at:at + n] = loss_mask_NxT[i, :n]
+      out["positions_BxT"][r, at:at + n] = np.arange(n)
+      out["segment_ids_BxT"][r, at:at + n] = k + 1
+      at += n
+  return out
 
 
 def pad_batch(rows: Sequence[np.ndarray], length: int, pad_value=0) -> np.ndarray:

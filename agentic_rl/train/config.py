@@ -146,7 +146,8 @@ def objective_config(stage) -> objectives.ObjectiveConfig:
 def optimizer_config(stage, total_steps: int) -> objectives.OptimizerConfig:
   return objectives.OptimizerConfig(
       learning_rate=stage.learning_rate,
-      schedule="warmup_constant" if stage.warmup_steps else "constant",
+      schedule=stage.get("schedule") or ("warmup_constant" if stage.warmup_steps
+                                         else "constant"),
       warmup_steps=stage.warmup_steps, weight_decay=stage.weight_decay,
       total_steps=total_steps,
       reset_each_iteration=stage.get("optimizer", "adamw") == "mirror_descent")
@@ -191,6 +192,9 @@ def _validate_rl_stage(name: str, stage, model_cfg, levels, host: bool) -> None:
   """The checks of one RL stage section; raises ValueError naming the fix."""
   for key in ("iterations", "updates_per_batch", "prompts_per_step", "group_size"):
     _check_positive(f"config.{name}.{key}", stage[key])
+  budget = stage.get("rollout_budget", 0)
+  if not isinstance(budget, int) or budget < 0:
+    _err(f"config.{name}.rollout_budget={budget!r}: a number of episodes >= 0 (0: no budget)")
   try:
     toggle_config(stage)
   except TypeError as e:
@@ -281,6 +285,25 @@ def _validate_rl_stage(name: str, stage, model_cfg, levels, host: bool) -> None:
     _err(f"config.{name}.share_prefix needs groups of group_size rows, and "
          f"allocation='knapsack' makes groups of per-prompt sizes; use another "
          f"--config.{name}.signal.allocation or --config.{name}.share_prefix=False")
+
+
+def strategy_weights(stage) -> dict[str, tuple[float, ...]]:
+  """``stage.strategy_weights`` without its empty entries: family -> the share
+  of each of its scripted strategies in the demonstrations."""
+  table = stage.get("strategy_weights") or {}
+  return {family: tuple(float(w) for w in ws) for family, ws in table.items() if ws}
+
+
+def _validate_strategy_weights(name: str, stage, cfg) -> None:
+  for family, ws in strategy_weights(stage).items():
+    where = f"config.{name}.strategy_weights.{family}"
+    if cfg.tasks.source == "host" or family not in cfg.tasks.families:
+      _err(f"{where}: {family} is not one of this run's task families "
+           f"({', '.join(cfg.tasks.families) if cfg.tasks.source != 'host' else 'host'}); "
+           f"clear it")
+    strategies = registry.ENVS[family].strategies
+    if len(ws) != len(strategies) or min(ws) < 0 or not sum(ws):
+      _err(f"{where}={ws}: one weight >= 0 per strategy {strategies}, not all 0")
 
 
 def _validate_families(name: str, stage, cfg) -> None:
@@ -536,8 +559,14 @@ def _validate(cfg) -> None:
   for name in cfg.stages:
     stage = cfg[name]
     _validate_families(name, stage, cfg)
+    try:
+      objectives.validate_optimizer_config(optimizer_config(
+          stage, stage.steps if stage.kind == "sft" else stage.iterations))
+    except ValueError as e:
+      _err(f"config.{name}: {e}")
     if stage.kind == "sft":
       _check_positive(f"config.{name}.steps", stage.steps)
+      _validate_strategy_weights(name, stage, cfg)
       rows = stage.batch_size
     elif stage.kind == "distill":
       _validate_distill_stage(name, stage, cfg, model_cfg)

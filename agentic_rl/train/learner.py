@@ -87,12 +87,16 @@ def sft_loss(model_config, *, logprob_impl: str = "xla") -> LossFn:
   """Negative log-likelihood of the loss-masked (policy) tokens.
 
   ``loss = -sum(mask * log pi(y_t | y_<t)) / num_tokens`` with the whole
-  batch's token count, so micro-batches sum to the full-batch loss.
+  batch's token count, so micro-batches sum to the full-batch loss. A batch
+  of packed rows (``codec.pack_rows``) also holds ``positions_BxT`` and
+  ``segment_ids_BxT``.
   """
 
   def loss_fn(params, batch, norm, *, layer_params_constraint=None):
     logp_BxT, _ = sequence_logprobs(
         params, batch["tokens_BxT"], model_config, impl=logprob_impl,
+        positions_BxT=batch.get("positions_BxT"),
+        segment_ids_BxT=batch.get("segment_ids_BxT"),
         layer_params_constraint=layer_params_constraint)
     mask = batch["loss_mask_BxT"]
     nll = -jnp.sum(logp_BxT * mask) / norm["num_tokens"]

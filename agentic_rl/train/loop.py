@@ -26,6 +26,7 @@ from agentic_rl import model as model_lib
 from agentic_rl import objectives
 from agentic_rl.invariants import shift, signal
 from agentic_rl.model import lora
+from agentic_rl.text import codec as codec_lib
 from agentic_rl.train import checkpoint as checkpoint_lib
 from agentic_rl.train import config as config_lib
 from agentic_rl.train import actor as actor_lib
@@ -60,10 +61,19 @@ class Progress:
   data_skip: list[int] = dataclasses.field(default_factory=list)
   skipped_total: int = 0
   skipped_consecutive: int = 0
+  stage_rollouts: int = 0  # episodes generated in this RL stage (signal/rollouts)
 
 
 def _stage_steps(stage) -> int:
   return stage.steps if stage.kind == "sft" else stage.iterations
+
+
+def _budget_spent(stage, progress: Progress) -> bool:
+  """An RL stage with ``rollout_budget`` > 0 ends once it has generated that
+  many episodes (all of them, dropped groups included), so arms whose
+  allocation spends rollouts differently compare at equal sampling cost."""
+  budget = stage.get("rollout_budget", 0)
+  return bool(budget) and progress.stage_rollouts >= budget
 
 
 def _uniform_policy(record: dict[str, float], vocab_size: int) -> float:
@@ -127,6 +137,7 @@ class _Driver:
       raise config_lib.ConfigError(str(e)) from None
     self.stages = [cfg[name] for name in cfg.stages]
     self.progress, self.summary, self.restored = Progress(), {}, None
+    self.learning_rate = objectives.make_schedule(objectives.OptimizerConfig())  # per stage
     if self.ckpt.latest_step() is not None:
       self.restored, meta = self.ckpt.restore(self.ckpt.latest_step())
       self.progress, self.summary = Progress(**meta["progress"]), dict(meta["summary"])
@@ -170,7 +181,8 @@ class _Driver:
     p, cfg = self.progress, self.cfg
     p.skipped_total += int(record["learner/skipped"])
     p.skipped_consecutive = p.skipped_consecutive + 1 if record["learner/skipped"] > 0 else 0
-    record.update({"learner/skipped_total": float(p.skipped_total),
+    record.update({"learner/lr": float(self.learning_rate(p.stage_step)),
+                   "learner/skipped_total": float(p.skipped_total),
                    "learner/skipped_consecutive": float(p.skipped_consecutive),
                    "learner/uniform_policy": _uniform_policy(record, vocab_size)})
     bands = dict(bands + LEARNER_BANDS)
@@ -197,7 +209,8 @@ class _Driver:
     stop = "stop_after" if self.stop_after is not None and p.global_step >= self.stop_after else None
     if sharding.agree(self.interrupts.requested is not None):  # every process stops together
       stop = self.interrupts.requested or "a signal to another process"
-    if p.stage_step == _stage_steps(self.stages[p.stage_index]):
+    stage = self.stages[p.stage_index]
+    if p.stage_step == _stage_steps(stage) or _budget_spent(stage, p):
       return stop  # the stage's end saves a checkpoint anyway
     if stop or p.stage_step % cfg.checkpoint.every == 0:
       save()
@@ -206,11 +219,12 @@ class _Driver:
 
 def _evaluate_at(run, d: _Driver, name: str, params, stage_key, record) -> None:
   """Held-out evaluation into ``record`` every ``config.eval.every`` steps
-  of an RL or distill stage and at its last, whose success (and each
-  family's) goes into the summary as ``<stage>_success`` and
-  ``rl_success``."""
+  of an RL or distill stage and at its last (its final iteration, or the
+  one that spent its rollout budget), whose success (and each family's) goes
+  into the summary as ``<stage>_success`` and ``rl_success``."""
   p = d.progress
-  last = p.stage_step == _stage_steps(d.stages[p.stage_index]) - 1
+  stage = d.stages[p.stage_index]
+  last = p.stage_step == _stage_steps(stage) - 1 or _budget_spent(stage, p)
   if (p.stage_step + 1) % run.cfg.eval.every == 0 or last:
     record.update(evaluate(run, params, jax.random.fold_in(stage_key, p.stage_step)))
   if last:
@@ -260,6 +274,7 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
       n_steps = _stage_steps(stage)
       opt_cfg = config_lib.optimizer_config(stage, n_steps)
       optimizer = objectives.make_optimizer(opt_cfg)
+      d.learning_rate = objectives.make_schedule(opt_cfg)
       if run.model_config.lora_rank:
         optimizer = lora.freeze_base(optimizer, params)
       reference = rl.reference_policy(stage, params)
@@ -275,6 +290,15 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
 
       if stage.kind == "sft":
         data = run.demonstrations(state.params, stage, stage_key)
+        demos_per_row = np.ones(data["tokens_BxT"].shape[0])
+        if stage.get("pack", False):
+          data = codec_lib.pack_rows(data["tokens_BxT"], data["loss_mask_BxT"],
+                                     run.codec.ids.pad)
+          demos_per_row = data["segment_ids_BxT"].max(axis=1)
+        if data["tokens_BxT"].shape[0] < stage.batch_size:
+          raise ValueError(f"config.{name}.batch_size={stage.batch_size} is more than the "
+                           f"{data['tokens_BxT'].shape[0]} rows of demonstrations; lower it "
+                           f"or raise config.{name}.num_demos")
         step_fn, state_sharding = learner.shard_train_step(learner.make_train_step(
             learner.sft_loss(run.model_config, logprob_impl=cfg.model.logprob_impl),
             optimizer, micro_batches=cfg.micro_batches,
@@ -287,6 +311,7 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
               data["tokens_BxT"].shape[0], stage.batch_size, replace=False)
           state, m, _ = step_fn(state, {k: jnp.asarray(v[rows]) for k, v in data.items()})
           record = {k: float(v) for k, v in sharding.to_host(m).items()}
+          record["sft/demos"] = float(demos_per_row[rows].sum())
           if progress.stage_step == n_steps - 1:
             record.update(evaluate(run, state.params, stage_key))
             _summarise_success(d, name, record, "sft_success")
@@ -326,7 +351,7 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
                                      end_step=n_steps, snapshots=snapshots)
         save = lambda: d.save(state, actor.checkpoint(), controls, root_key)  # noqa: E731
         try:
-          while progress.stage_step < n_steps and not stop:
+          while progress.stage_step < n_steps and not stop and not _budget_spent(stage, progress):
             t0 = time.perf_counter()
             collected = actor.next(state, controls, progress.stage_step)
             state, controls, record = rl.rl_iteration(run, stage_rl, state, collected, controls)
@@ -334,20 +359,22 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
             actor.updated(state)
             record.update(actor.stats())
             progress.data_pos, progress.data_skip = collected.data_pos, list(collected.data_skip)
+            progress.stage_rollouts += int(record["signal/rollouts"])
+            record["signal/stage_rollouts"] = float(progress.stage_rollouts)
             _evaluate_at(run, d, name, state.params, stage_key, record)
             stop = d.finish_step(name, bands, record, t0, run.model_config.vocab_size, save)
         finally:
           if discarded := actor.close():
             d.summary[f"{name}_discarded_batches"] = (
                 d.summary.get(f"{name}_discarded_batches", 0) + discarded)
-      if progress.stage_step < n_steps:  # stopped inside the stage (saved)
-        return d.close(stop)
+      if progress.stage_step < n_steps and not _budget_spent(stage, progress):
+        return d.close(stop)  # stopped inside the stage (saved)
       params = state.params
       if f"{name}_success" not in d.summary:  # resumed with fewer steps than were done
         d.summary[f"{name}_success"] = evaluate(run, params, stage_key)["eval/success"]
       print(f"[{name}] held-out success: {d.summary[f'{name}_success']:.3f}")
       progress.stage_index += 1
-      progress.stage_step = 0
+      progress.stage_step = progress.stage_rollouts = 0
       d.save(learner.TrainState(params, {}, jnp.zeros((), jnp.int32)), (), controls, root_key)
       if stop and progress.stage_index < len(d.stages):
         return d.close(stop)

@@ -462,6 +462,10 @@ def invariant_metrics(run: Run, rl: RLStage, collected: Collected, rows: ScoredR
                                            learn_batch["loss_mask_BxT"])[:B],
                                        **layout.monitor_kwargs()))
   metrics.update(sampled.metrics)
+  # Per episode generated, groups dropped by dynamic sampling included: the
+  # share of the sampling cost that carries a gradient.
+  metrics["signal/nonzero_grad_per_rollout"] = (
+      float(metrics["signal/nonzero_grad_rollouts"]) / max(metrics["signal/rollouts"], 1.0))
   metrics["signal/prompt_difficulty"] = float(np.mean(
       run.tasks.difficulty_of(sampled.prompt_ids)))
   metrics.update(shift.shift_metrics(rows["loss_mask_RxT"], rows["behaviour_logp_RxT"],

@@ -214,8 +214,9 @@ class Run:
     """
     T = self.cfg.sampling.max_total_tokens
     if not self.host:
-      return scripted.demonstration_batch(self.tasks, stage.num_demos, key,
-                                          noise=stage.demo_noise, max_len=T)
+      return scripted.demonstration_batch(
+          self.tasks, stage.num_demos, key, noise=stage.demo_noise, max_len=T,
+          strategy_weights=config_lib.strategy_weights(stage))
     rows = min(stage.num_demos, self.cfg.eval.batch_rows)
     sampling = config_lib.sampling_config(self.cfg, greedy=True)
     demo_env = self.tasks.make()

@@ -82,7 +82,9 @@ def signal_metrics(success: jax.Array, advantages: jax.Array, mask_BxT: jax.Arra
     (over rollouts), ``signal/adv_std`` (standard deviation of the advantage
     over policy tokens), ``signal/effective_token_frac`` (fraction of policy
     tokens with a non-zero advantage and a non-zero loss weight: the
-    effective-gradient ratio of Knapsack RL).
+    effective-gradient ratio of Knapsack RL), ``signal/nonzero_grad_rollouts``
+    (the number of rollouts with at least one such token: the samples that
+    carry a gradient).
   """
   count, successes = group_outcome_counts(success, group_B, num_groups)
   present = count > 0
@@ -109,4 +111,5 @@ def signal_metrics(success: jax.Array, advantages: jax.Array, mask_BxT: jax.Arra
       "signal/success_mean": _frac(jnp.sum(successes), jnp.sum(count)),
       "signal/adv_std": jnp.sqrt(adv_var),
       "signal/effective_token_frac": jnp.sum(effective) / jnp.maximum(n_tokens, 1.0),
+      "signal/nonzero_grad_rollouts": jnp.sum(jnp.any(effective > 0, axis=1)).astype(jnp.float32),
   }
