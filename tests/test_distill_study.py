@@ -34,8 +34,12 @@ def test_every_run_is_a_valid_config(tiny, tmp_path):
   assert configs["student"].stages == ("sft", "distill")
 
 
-def test_success_and_table(tmp_path):
-  a, b = distill_study.FAMILIES
+def test_success_and_table(tmp_path, monkeypatch):
+  a, b = "calc_chain", "multihop"  # two families, whatever the default's
+  experts = (f"expert_{a}", f"expert_{b}")
+  monkeypatch.setattr(distill_study, "FAMILIES", (a, b))
+  monkeypatch.setattr(distill_study, "EXPERTS", experts)
+  monkeypatch.setattr(distill_study, "RUNS", (*experts, "sequential", "student"))
   stages = {"expert_" + a: ("sft", "rl"), "expert_" + b: ("sft", "rl"),
             "sequential": ("sft", f"rl_{a}", f"rl_{b}"), "student": ("sft", "distill")}
   numbers = {"expert_" + a: (0.8, 0.2), "expert_" + b: (0.2, 0.5), "sequential": (0.4, 0.5),

@@ -62,12 +62,23 @@ def _sft_stage() -> ml_collections.ConfigDict:
       batch_size=32,
       learning_rate=3e-3,
       warmup_steps=20,
+      # constant (after the warm-up) or warmup_cosine (decays to 0 at the
+      # stage's last step).
+      schedule="",
       weight_decay=0.0,
       # Demonstrations from the scripted policies: several strategies, and
       # noise (wrong intermediate steps, early answers) so the warm-started
       # policy is competent but imperfect.
       demo_noise=0.35,
-      num_demos=4096,
+      num_demos=8192,
+      # Pack several demonstrations into each row of max_total_tokens (each
+      # attends only to itself), so a step spends no compute on padding:
+      # batch_size rows then hold about twice as many demonstrations.
+      pack=True,
+      # Per task family, the share of each of its scripted strategies (in the
+      # order of the family's `strategies`) among its demonstrations, e.g.
+      # "--config.sft.strategy_weights.boxes=(0.6, 0.2, 0.2)"; empty: equal.
+      strategy_weights=ml_collections.ConfigDict({name: () for name in registry.ENVS}),
   ))
 
 
@@ -75,6 +86,11 @@ def _rl_stage() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       kind="rl",
       iterations=40,
+      # > 0: the stage ends once it has generated this many episodes
+      # (signal/stage_rollouts; groups dynamic sampling drops included), or
+      # after `iterations`, whichever comes first: arms whose allocation
+      # spends rollouts differently then compare at equal sampling cost.
+      rollout_budget=0,
       prompts_per_step=16,
       group_size=8,
       advantage="grpo",
@@ -179,7 +195,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.model = ml_collections.ConfigDict(dict(
-      d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32,
+      d_model=128, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=32,
       mlp_dim=384, rope_theta=10_000.0, tie_embeddings=True,
       dtype="float32", param_dtype="float32",
       # Kernel backends (agentic_rl.kernels.backends); "auto" is the
@@ -215,12 +231,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       max_obs_tokens=64,
       obs_overflow="end",
       success_threshold=0.5,
-      families=("calc_chain", "multihop"),
+      families=("calc_chain", "multihop", "boxes"),
       # The programs of the "composed" family: a task dataset written by
       # experiments.synthesize (agentic_rl/envs/synthesis.py); empty: the
       # family's shipped set.
       programs="",
-      weights=(0.5, 0.5),
+      weights=(0.34, 0.33, 0.33),
       # Difficulty levels of the task pool: prompt i has difficulty[i % len].
       difficulty=(1,),
       # Reward weights (agentic_rl/envs/rewards.py). efficiency counts the
