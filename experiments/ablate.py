@@ -5,8 +5,8 @@ r"""Runs the invariant ablations over several seeds; writes a table and plots.
   python -m experiments.ablate --tiny --out=/tmp/abl             # seconds per arm
 
 The arms and studies are in ``experiments/configs/ablations.py``. For each
-seed the SFT warm start runs once; every arm of that seed starts its RL stage
-from a copy of that checkpoint, so arms differ only in the ablated
+seed a study's SFT warm start runs once; every arm of that study starts its
+RL stage from a copy of that checkpoint, so arms differ only in the ablated
 controller. Each run is ``python -m experiments.train`` in its own process
 (``--jobs`` at a time), under ``--workdir/seed<S>/<arm>``; a finished run
 (with a ``summary.json``) is not run again. Outputs in ``--out``:
@@ -37,6 +37,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Per-iteration series kept from each RL run.
 SERIES = (
     "signal/zero_variance_frac", "signal/effective_token_frac", "signal/rollouts",
+    "signal/nonzero_grad_per_rollout", "signal/all_correct_frac", "signal/stage_rollouts",
+    "perf/step_s",
     "reward/outcome", "explore/entropy",
     "explore/entropy_coef", "explore/temperature", "explore/distinct_success_seqs_solved",
     "explore/distinct_tool_seqs", "shift/kl_behaviour_learner", "shift/staleness_mean",
@@ -56,13 +58,18 @@ SUMMARIES = {
     "kl_behaviour_learner": ("shift/kl_behaviour_learner", "mean"),
     "staleness_mean": ("shift/staleness_mean", "mean"),
     "is_ratio_max": ("shift/is_ratio_max", "max"),
+    "nonzero_grad_per_rollout": ("signal/nonzero_grad_per_rollout", "mean"),
+    "all_correct_frac": ("signal/all_correct_frac", "mean"),
+    "rollouts_total": ("signal/stage_rollouts", "last"),
+    "rl_wall_s": ("perf/step_s", "sum"),
 }
 COLUMNS = {
-    "signal": ("success", "gain", "zero_variance_frac", "effective_token_frac",
-               "rollouts_per_iter"),
-    "exploration": ("success", "pass_at_k", "distinct_success_seqs", "distinct_tool_seqs",
-                    "entropy"),
-    "shift": ("success", "gain", "kl_behaviour_learner", "staleness_mean", "is_ratio_max"),
+    "signal": ("success", "gain", "nonzero_grad_per_rollout", "all_correct_frac",
+               "zero_variance_frac", "rollouts_total", "iterations"),
+    "exploration": ("success", "gain", "pass_at_k", "distinct_success_seqs",
+                    "distinct_tool_seqs", "entropy"),
+    "shift": ("success", "gain", "kl_behaviour_learner", "staleness_mean", "is_ratio_max",
+              "episodes_per_s"),
 }
 HEADERS = {
     "success": "final success", "gain": "gain over SFT", "pass_at_k": "final pass@k",
@@ -73,7 +80,12 @@ HEADERS = {
     "distinct_tool_seqs": "distinct tool sequences / group", "entropy": "mean token entropy",
     "kl_behaviour_learner": "mean KL(behaviour ‖ learner)",
     "staleness_mean": "mean staleness", "is_ratio_max": "max IS ratio",
+    "nonzero_grad_per_rollout": "episodes with gradient / episode generated",
+    "all_correct_frac": "all-correct groups", "rollouts_total": "episodes generated",
+    "iterations": "updates", "episodes_per_s": "RL episodes / s",
 }
+DIGITS = {"rollouts_per_iter": 0, "rollouts_total": 0, "iterations": 1, "is_ratio_max": 2,
+          "episodes_per_s": 1}
 
 
 # ------------------------------------------------------------------ running
@@ -113,21 +125,24 @@ def _start_from_sft(sft_dir: str, arm_dir: str) -> None:
 
 def run(workdir: str, seeds: Sequence[int], studies: Sequence[str], *, jobs: int = 1,
         tiny: bool = False) -> None:
-  """Runs the SFT warm start per seed, then every arm of ``studies``."""
+  """Runs each study's SFT warm start per seed, then every arm of ``studies``."""
   unknown = set(studies) - set(ablations.STUDIES)
   if unknown:
     raise ValueError(f"unknown studies {sorted(unknown)}; valid: {list(ablations.STUDIES)}")
   arms = list(dict.fromkeys(a for s in studies for a in ablations.STUDIES[s]))
+  bases = list(dict.fromkeys(ablations.warm_start(a) for a in arms))
   with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
     # SFT runs are queued first, so an arm waiting on its seed's never blocks them.
-    sft = {seed: pool.submit(_train, "sft", seed, os.path.join(workdir, f"seed{seed}", "sft"),
-                             tiny) for seed in seeds}
+    sft = {(base, seed): pool.submit(_train, base, seed,
+                                     os.path.join(workdir, f"seed{seed}", base), tiny)
+           for seed in seeds for base in bases}
 
     def arm_run(arm, seed):
-      sft[seed].result()
-      base = os.path.join(workdir, f"seed{seed}")
-      _start_from_sft(os.path.join(base, "sft"), os.path.join(base, arm))
-      _train(arm, seed, os.path.join(base, arm), tiny)
+      base = ablations.warm_start(arm)
+      sft[base, seed].result()
+      root = os.path.join(workdir, f"seed{seed}")
+      _start_from_sft(os.path.join(root, base), os.path.join(root, arm))
+      _train(arm, seed, os.path.join(root, arm), tiny)
 
     futures = [pool.submit(arm_run, arm, seed) for arm in arms for seed in seeds]
     for f in futures:
@@ -150,9 +165,13 @@ def _summarise(series: dict[str, list], sft: dict[str, float]) -> dict[str, floa
   for name, (metric, how) in SUMMARIES.items():
     values = np.array([v for _, v in series.get(metric, [])], np.float64)
     if values.size:
-      out[name] = float({"last": values[-1], "mean": values.mean(), "max": values.max()}[how])
+      out[name] = float({"last": values[-1], "mean": values.mean(), "max": values.max(),
+                         "sum": values.sum()}[how])
   out["sft_success"] = sft["eval/success"]
   out["gain"] = out["success"] - out["sft_success"]
+  out["iterations"] = float(len(series.get("perf/step_s", [])))
+  if out.get("rl_wall_s"):
+    out["episodes_per_s"] = out["rollouts_total"] / out["rl_wall_s"]
   return out
 
 
@@ -163,13 +182,14 @@ def collect(workdir: str, seeds: Sequence[int], studies: Sequence[str]) -> dict:
   for arm in arms:
     runs[arm] = {}
     for seed in seeds:
-      base = os.path.join(workdir, f"seed{seed}")
-      sft = _records(os.path.join(base, "sft"))[-1]
-      rl = [r for r in _records(os.path.join(base, arm)) if r.get("stage") == 1]
+      root = os.path.join(workdir, f"seed{seed}")
+      sft = _records(os.path.join(root, ablations.warm_start(arm)))[-1]
+      rl = [r for r in _records(os.path.join(root, arm)) if r.get("stage") == 1]
       series = {name: _series(rl, name) for name in SERIES}
       # Evaluation before RL (the SFT policy) is iteration 0.
       for name in ("eval/success", "eval/pass_at_k", "eval/pass_at_1"):
         series[name].insert(0, [0, float(sft[name])])
+      series["signal/stage_rollouts"].insert(0, [0, 0.0])
       runs[arm][str(seed)] = {"series": series, "summary": _summarise(series, sft),
                               "iterations": len(rl)}
   return {"seeds": list(seeds), "studies": {s: list(ablations.STUDIES[s]) for s in studies},
@@ -196,7 +216,7 @@ def table(results: dict) -> str:
         if c == "kl_behaviour_learner":
           cells.append(f"{m:.2e} ± {s:.1e}")
         else:
-          digits = 0 if c == "rollouts_per_iter" else 2 if c == "is_ratio_max" else 3
+          digits = DIGITS.get(c, 3)
           cells.append(f"{m:.{digits}f} ± {s:.{digits}f}")
       lines.append(f"| {ablations.label(study, arm)} | " + " | ".join(cells) + " |")
     lines.append("")
@@ -204,20 +224,34 @@ def table(results: dict) -> str:
 
 
 def comparisons(results: dict) -> dict[str, float]:
-  """The headline differences (means over seeds), as docs/ablations/results.md gives them."""
+  """The headline differences (means over seeds), as docs/ablations/results.md gives them:
+  per signal arm, the relative change in episodes that carry a gradient per
+  episode generated and the all-correct group fraction against uniform; per
+  shift arm, its throughput and success against staleness 0."""
   out = {}
   runs = results["runs"]
-  if {"uniform", "dynamic", "knapsack"} <= runs.keys():
-    base = _mean_std(results, "uniform", "zero_variance_frac")[0]
-    for arm in ("dynamic", "knapsack"):
-      value = _mean_std(results, arm, "zero_variance_frac")[0]
-      out[f"zero_variance_frac/{arm}_minus_uniform"] = value - base
+  mean = lambda arm, name: _mean_std(results, arm, name)[0]  # noqa: E731
+  if "uniform" in runs:
+    base = mean("uniform", "nonzero_grad_per_rollout")
+    for arm in ("dynamic", "ada", "knapsack"):
+      if arm in runs:
+        out[f"nonzero_grad_per_rollout/{arm}_vs_uniform"] = (
+            mean(arm, "nonzero_grad_per_rollout") / base - 1.0)
+        out[f"all_correct_frac/{arm}_minus_uniform"] = (
+            mean(arm, "all_correct_frac") - mean("uniform", "all_correct_frac"))
+  if "async0" in runs:
+    for arm in results["studies"].get("shift", ()):
+      if arm != "async0":
+        out[f"speedup/{arm}"] = mean(arm, "episodes_per_s") / mean("async0", "episodes_per_s")
+        out[f"success/{arm}_minus_staleness0"] = mean(arm, "success") - mean("async0", "success")
   return out
 
 
-# Per study: the panels of its figure, (series, y label, log scale).
+# Per study: the panels of its figure, (series, y label, log scale); the
+# signal study's x axis is episodes generated, the others' RL iterations.
 PANELS = {
-    "signal": (("signal/zero_variance_frac", "zero-variance group fraction", False),
+    "signal": (("signal/nonzero_grad_per_rollout",
+                "episodes with gradient / episode generated", False),
                ("eval/success", "held-out greedy success", False)),
     "exploration": (("explore/distinct_success_seqs_solved",
                      "distinct successful strategies / solved group", False),
@@ -225,6 +259,17 @@ PANELS = {
     "shift": (("shift/kl_behaviour_learner", "KL(behaviour || learner), k3", True),
               ("eval/success", "held-out greedy success", False)),
 }
+X_ROLLOUTS = ("signal",)
+
+
+def _x_of(run: dict, points: list, by_rollouts: bool) -> np.ndarray:
+  """The x values of ``points``: their iterations, or the episodes generated
+  by the end of each."""
+  its = [p[0] for p in points]
+  if not by_rollouts:
+    return np.array(its, np.float64)
+  spent = dict((int(i), v) for i, v in run["series"]["signal/stage_rollouts"])
+  return np.array([spent.get(int(i), np.nan) for i in its], np.float64)
 
 
 def plot(results: dict, out_dir: str) -> list[str]:
@@ -236,26 +281,27 @@ def plot(results: dict, out_dir: str) -> list[str]:
   os.makedirs(out_dir, exist_ok=True)
   paths = []
   for study, arms in results["studies"].items():
+    by_rollouts = study in X_ROLLOUTS
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     for ax, (name, ylabel, log) in zip(axes, PANELS[study]):
       for arm in arms:
-        per_seed = [r["series"][name] for r in results["runs"][arm].values()]
-        n = min(len(s) for s in per_seed)
+        seeds = list(results["runs"][arm].values())
+        n = min(len(r["series"][name]) for r in seeds)
         if n == 0:
           continue
-        x = np.array([p[0] for p in per_seed[0][:n]])
-        y = np.array([[p[1] for p in s[:n]] for s in per_seed])
+        x = np.mean([_x_of(r, r["series"][name][:n], by_rollouts) for r in seeds], axis=0)
+        y = np.array([[p[1] for p in r["series"][name][:n]] for r in seeds])
         if log:
           y = np.maximum(y, 1e-12)
         ax.plot(x, y.mean(0), marker="o" if n < 8 else None, ms=3,
                 label=ablations.label(study, arm))
         ax.fill_between(x, y.min(0), y.max(0), alpha=0.15)
-      ax.set_xlabel("RL iteration")
+      ax.set_xlabel("episodes generated (mean over seeds)" if by_rollouts else "RL iteration")
       ax.set_ylabel(ylabel)
       if log:
         ax.set_yscale("log")
       ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=7)
     fig.suptitle(f"{study} ablation, seeds {', '.join(map(str, results['seeds']))}")
     fig.tight_layout()
     path = os.path.join(out_dir, f"{study}.png")

@@ -1,5 +1,5 @@
-"""The ablation arms: each is a valid config that differs from the default only
-in its controller."""
+"""The ablation arms: each is a valid config that differs from its study's
+first arm only in its controller, and shares its study's warm start."""
 
 import pytest
 
@@ -7,32 +7,57 @@ from agentic_rl.train import config as config_lib
 from experiments.configs import ablations, default
 
 
-@pytest.mark.parametrize("arm", ["sft", *ablations.ARMS])
+@pytest.mark.parametrize("arm", ["sft", "sft_boxes", *ablations.ARMS])
 def test_every_arm_validates(arm):
   config_lib.validate(ablations.get_config(arm))
   config_lib.validate(ablations.get_config(f"{arm},tiny"))
 
 
-def test_arms_share_the_warm_start_and_differ_only_in_their_overrides():
-  sft = ablations.get_config("sft")
-  for arm, overrides in ablations.ARMS.items():
+def _leaves(cfg, prefix=""):
+  out = {}
+  for k, v in cfg.items():
+    if hasattr(v, "items"):
+      out.update(_leaves(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+@pytest.mark.parametrize("study", list(ablations.STUDIES))
+def test_arms_share_the_warm_start_and_differ_only_in_their_overrides(study):
+  arms = ablations.STUDIES[study]
+  sft = ablations.get_config(ablations.WARM_STARTS[study])
+  first = _leaves(ablations.get_config(arms[0]))
+  for arm in arms:
     cfg = ablations.get_config(arm)
-    assert cfg.stages == ("sft", "rl")
+    assert cfg.stages == ("sft", "rl") and ablations.warm_start(arm) == ablations.WARM_STARTS[study]
     # Everything an SFT checkpoint depends on is the shared one's.
-    for section in ("model", "tasks", "sft", "sampling", "seed"):
+    for section in ("model", "sft", "sampling", "seed"):
       assert cfg[section] == sft[section], (arm, section)
-    base = ablations.get_config("dynamic")
-    for dotted, value in overrides.items():
-      node = cfg
-      for part in dotted.split("."):
-        node = node[part]
-      assert node == value
-    # Only the overridden keys of the RL stage differ from the default arm.
-    changed = {k for k in cfg.rl if cfg.rl[k] != base.rl[k]}
-    assert changed <= {d.split(".")[1] for d in overrides}, (arm, changed)
-  # The "dynamic" arm is the default RL stage, shortened.
-  base, ref = ablations.get_config("dynamic").rl, default.get_config().rl
-  assert {k for k in ref if ref[k] != base[k]} == {"iterations"}
+    for key in ("families", "weights", "difficulty"):
+      assert cfg.tasks[key] == sft.tasks[key], (arm, key)
+    # Only the arm's overrides (and their study's first arm's) differ.
+    leaves = _leaves(cfg)
+    changed = {k for k in leaves if leaves[k] != first[k]}
+    assert changed <= set(ablations.ARMS[arm]) | set(ablations.ARMS[arms[0]]), (arm, changed)
+
+
+def test_the_studies_settings():
+  # The signal study's first arm is the default RL stage on its recurring
+  # pool, stopped at its episode budget.
+  base, ref = ablations.get_config("uniform").rl, default.get_config().rl
+  assert {k for k in ref if ref[k] != base[k]} == {"iterations", "rollout_budget", "signal"}
+  assert base.rollout_budget == 20 * base.prompts_per_step * base.group_size
+  assert ablations.get_config("uniform").tasks.train_size == 64
+  # The exploration study's demonstrations are mostly linear search, which a
+  # three-turn limit cuts short.
+  boxes = ablations.get_config("boxes_none")
+  assert boxes.tasks.families == ("boxes",) and boxes.sampling.max_turns == 3
+  assert boxes.sft.strategy_weights.boxes == (0.6, 0.2, 0.2)
+  # The shift study runs the asynchronous actor.
+  assert all(ablations.get_config(a).rl.actor == "async" for a in ablations.STUDIES["shift"])
+  assert [ablations.get_config(f"async{s}").rl.max_staleness for s in (0, 1, 2, 4, 8)] == [
+      0, 1, 2, 4, 8]
 
 
 def test_unknown_arm_or_variant():

@@ -34,15 +34,15 @@ def _execute(tmp_path, monkeypatch, studies: str):
 
 @pytest.mark.slow
 def test_notebook_plots_the_committed_results_and_a_tiny_rerun(tmp_path, monkeypatch):
-  # The exploration study: two arms, which run side by side (the notebook
-  # runs two jobs at a time), so the test costs one SFT and one arm's time.
-  nb, images = _execute(tmp_path, monkeypatch, "exploration")
-  # One figure per committed study, then the tiny rerun's one.
-  assert len(images) == _committed_studies() + 1
+  # The signal study: its warm start, then four arms two at a time.
+  nb, images = _execute(tmp_path, monkeypatch, "signal")
+  # One figure per committed study, the default run's seeds, then the tiny
+  # rerun's one.
+  assert len(images) == _committed_studies() + 2
   assert "ok" in "".join(o.get("text", "") for o in nb.cells[-1].outputs)
 
 
 @pytest.mark.slow
 def test_notebook_tiny_rerun_of_every_study(tmp_path, monkeypatch):
   _, images = _execute(tmp_path, monkeypatch, "signal,exploration,shift")
-  assert len(images) == _committed_studies() + 3
+  assert len(images) == _committed_studies() + 4
