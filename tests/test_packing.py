@@ -75,31 +75,27 @@ def test_packed_rows_score_each_sequence_as_alone(jit):
   np.testing.assert_allclose(loss(params, data, n)[0], loss(params, packed, n)[0], rtol=1e-5)
 
 
-def test_packed_sft_through_the_trainer(tmp_path):
-  # The same rows a step, about twice the demonstrations in them.
+def test_packing_and_the_schedule_through_the_trainer(tmp_path):
+  # Packed: the same rows a step hold about twice the demonstrations; the
+  # learning rate warms up for a step, then the cosine decays it to 0 at the
+  # stage's end.
   cfg = default.get_config("tiny")
   cfg.stages = ("sft",)
-  cfg.sft.update(steps=3, pack=True)
-  loop.train(cfg, str(tmp_path))
-  records = metrics_lib.read_metrics(str(tmp_path / "metrics.jsonl"))
+  cfg.sft.update(steps=4, pack=True, warmup_steps=1, learning_rate=1e-3,
+                 schedule="warmup_cosine")
+  loop.train(cfg, str(tmp_path / "packed"))
+  records = metrics_lib.read_metrics(str(tmp_path / "packed" / "metrics.jsonl"))
   assert all(r["sft/demos"] > cfg.sft.batch_size for r in records)
   assert np.mean([r["sft/demos"] for r in records]) > 1.4 * cfg.sft.batch_size
   assert all(np.isfinite(r["sft/nll"]) for r in records)
-  cfg.sft.pack = False
-  loop.train(cfg, str(tmp_path / "plain"))
-  plain = metrics_lib.read_metrics(str(tmp_path / "plain" / "metrics.jsonl"))
-  assert [r["sft/demos"] for r in plain] == [cfg.sft.batch_size] * 3
-
-
-def test_sft_schedule_through_the_trainer(tmp_path):
-  cfg = default.get_config("tiny")
-  cfg.stages = ("sft",)
-  cfg.sft.update(steps=4, warmup_steps=1, learning_rate=1e-3, schedule="warmup_cosine")
-  loop.train(cfg, str(tmp_path))
-  records = metrics_lib.read_metrics(str(tmp_path / "metrics.jsonl"))
-  # A warm-up step to the peak, then the cosine decays to 0 at the stage's end.
   np.testing.assert_allclose([r["learner/lr"] for r in records],
                              [0.0, 1e-3, 7.5e-4, 2.5e-4], rtol=1e-5)
+  # Unpacked, with the default constant rate after the warm-up.
+  cfg.sft.update(pack=False, schedule="")
+  loop.train(cfg, str(tmp_path / "plain"))
+  plain = metrics_lib.read_metrics(str(tmp_path / "plain" / "metrics.jsonl"))
+  assert [r["sft/demos"] for r in plain] == [cfg.sft.batch_size] * 4
+  np.testing.assert_allclose([r["learner/lr"] for r in plain], [0.0, 1e-3, 1e-3, 1e-3])
 
 
 @pytest.mark.parametrize("weights, first_boxes", [((1.0, 0.0, 0.0), {"1"}),

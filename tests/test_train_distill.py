@@ -24,6 +24,14 @@ import train_devices
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _tiny():
+  """The tiny config on two task families: the tests below give the boxes
+  family a role of its own (a family without a teacher, one outside the run)."""
+  cfg = default.get_config("tiny")
+  cfg.tasks.update(families=("calc_chain", "multihop"), weights=(0.5, 0.5))
+  return cfg
+
+
 def test_reverse_kl_matches_a_hand_computation():
   rng = np.random.default_rng(0)
   s, t = rng.normal(size=(2, 2, 4, 5)).astype(np.float32)
@@ -70,7 +78,7 @@ def test_each_row_is_scored_by_its_own_teacher():
 @pytest.fixture(scope="module")
 def teacher_dir(tmp_path_factory):
   """A tiny warm-started policy (SFT only), another seed than the students'."""
-  cfg = default.get_config("tiny")
+  cfg = _tiny()
   cfg.stages = ("sft",)
   cfg.sft.steps = 12
   cfg.seed = 7
@@ -80,7 +88,7 @@ def teacher_dir(tmp_path_factory):
 
 
 def _distill_cfg(teacher, mode="on_policy", iterations=4):
-  cfg = default.get_config("tiny")
+  cfg = _tiny()
   cfg.stages = ("distill",)
   cfg.distill.update(mode=mode, iterations=iterations, learning_rate=1e-2)
   cfg.distill.teachers.all = teacher
@@ -167,7 +175,7 @@ def test_a_stage_draws_only_its_families(tmp_path, monkeypatch):
     return rollout(self, params, sampling, split, ids, *args, **kwargs)
 
   monkeypatch.setattr(run_lib.Run, "rollout", spy)
-  cfg = default.get_config("tiny")
+  cfg = _tiny()
   cfg.stages = ("rl",)
   cfg.rl.update(iterations=2, families=("multihop",))
   cfg.rl.signal.allocation = "uniform"
@@ -190,7 +198,7 @@ def test_a_stage_draws_only_its_families(tmp_path, monkeypatch):
 ])
 def test_distill_configs_are_refused_before_building(change, message, tmp_path):
   (tmp_path / "checkpoints").mkdir()  # looks like a run directory
-  cfg = default.get_config("tiny")
+  cfg = _tiny()
   cfg.stages = ("distill",)
   cfg.distill.teachers.all = str(tmp_path)
   for key, value in change.items():
@@ -205,13 +213,13 @@ def test_distill_configs_are_refused_before_building(change, message, tmp_path):
 
 def test_lora_host_families_and_a_comma_list_of_stages_are_refused(tmp_path):
   (tmp_path / "checkpoints").mkdir()
-  cfg = default.get_config("tiny")
+  cfg = _tiny()
   cfg.stages = ("distill",)
   cfg.distill.teachers.all = str(tmp_path)
   cfg.model.lora_rank = 4
   with pytest.raises(config_lib.ConfigError, match="lora_rank=0"):
     config_lib.validate(cfg)
-  cfg = default.get_config("tiny")
+  cfg = _tiny()
   cfg.rl.families = ("calc_chain",)
   cfg.rl.signal.prompt_sampling = "prioritised"
   with pytest.raises(config_lib.ConfigError, match="prompt_sampling=uniform"):
@@ -220,7 +228,7 @@ def test_lora_host_families_and_a_comma_list_of_stages_are_refused(tmp_path):
   cfg.rl.families = ("calc_chain",)
   with pytest.raises(config_lib.ConfigError, match="one family"):
     config_lib.validate(cfg)
-  cfg = default.get_config("tiny")
+  cfg = _tiny()
   cfg.stages = ("sft,distill",)  # what --config.stages=sft,distill gives
   with pytest.raises(config_lib.ConfigError, match=r"\('sft', 'distill'\)"):
     config_lib.validate(cfg)
