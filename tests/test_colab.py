@@ -14,6 +14,8 @@ COMMITTED = os.path.join(REPO, "docs", "ablations", "results.json")
 
 
 def _committed_studies() -> int:
+  if not os.path.exists(COMMITTED):
+    return 0
   with open(COMMITTED) as f:
     return len(json.load(f)["studies"])
 
