@@ -243,7 +243,7 @@ def test_a_teacher_of_another_architecture_is_refused(teacher_dir, tmp_path):
 
 def test_the_stagewise_variant_trains_family_after_family():
   cfg = default.get_config("tiny,stagewise")
-  assert cfg.stages == ("sft", "rl_calc_chain", "rl_multihop")
+  assert cfg.stages == ("sft", "rl_calc_chain", "rl_multihop", "rl_boxes")
   assert cfg.rl_calc_chain.families == ("calc_chain",)
   assert cfg.rl_multihop.families == ("multihop",)
   assert cfg.rl_multihop.iterations == cfg.rl.iterations

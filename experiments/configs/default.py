@@ -336,7 +336,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   if "tiny" in variants:
     c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
                    head_dim=16, mlp_dim=64)
-    c.sft.update(steps=4, batch_size=8, num_demos=64)
+    c.sft.update(steps=4, batch_size=8, num_demos=64, pack=False)
     c.rl.update(iterations=3, prompts_per_step=4, group_size=2)
     c.distill.update(iterations=3, prompts_per_step=4)
     # The tiny policy rarely succeeds: an efficiency reward that does not
