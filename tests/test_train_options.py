@@ -61,6 +61,8 @@ def test_mirror_descent_resets_the_optimiser_and_changes_the_updates(tmp_path):
   runs = {}
   for optimizer in ("adamw", "mirror_descent"):
     cfg = _rl_only()
+    # Two families, on which the tiny policy's last batch carries a gradient.
+    cfg.tasks.update(families=("calc_chain", "multihop"), weights=(0.5, 0.5))
     cfg.rl.update(loss="kimi", advantage="kimi", optimizer=optimizer)
     runs[optimizer] = _rl_records(cfg, tmp_path / optimizer)
   adamw, md = runs["adamw"], runs["mirror_descent"]
