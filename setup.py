@@ -53,6 +53,8 @@ setuptools.setup(
             "nbclient",
             "nbformat",
             "ipykernel",
+            # The GEM games' tests (agentic_rl/envs/gem.py).
+            "gem-llm==0.1.0",
         ],
         "gem": ["gem-llm==0.1.0"],
         # Host environments as Ray actors (config.tasks.env_pool="ray").

@@ -7,14 +7,73 @@ moves are read from the last ``\\boxed{...}`` of the action. Install with
 ``pip install gem-llm==0.1.0`` (the ``gem`` extra). Offline game ids include
 ``game:GuessTheNumber-v0-easy`` and ``game:Mastermind-v0-easy``.
 
+The games in :data:`EXPERTS` also have demonstrations (for an SFT warm
+start): a scripted expert plays the game itself, reading only the text the
+policy reads, and :meth:`GemEnv.demonstration` returns its moves.
+
 Note: GEM's ``reset(seed)`` reseeds Python's and NumPy's global RNGs.
 """
 
 from __future__ import annotations
 
+import itertools
+import re
+from collections.abc import Callable, Sequence
+
+_RANGE = re.compile(r"between (\d+) and (\d+)")
+_HINT = re.compile(r"you guessed (\d+), and the target number is (higher|lower)")
+
+
+def guess_the_number(observations: Sequence[str]) -> str:
+  """Binary search: the middle of the interval the hints so far leave
+  (``observations[0]`` states the range); wins whenever the game allows
+  ``ceil(log2(size + 1))`` turns."""
+  lo, hi = map(int, _RANGE.search(observations[0]).groups())
+  for obs in observations[1:]:
+    if m := _HINT.search(obs):
+      guess = int(m[1])
+      lo, hi = (guess + 1, hi) if m[2] == "higher" else (lo, guess - 1)
+  return f"\\boxed{{{(lo + hi) // 2}}}"
+
+
+_CODE = re.compile(r"secret (\d+) digit code")
+_DIGITS = re.compile(r"digits from (\d+) to (\d+)")
+_PEGS = re.compile(r"you guessed \[([\d, ]+)\]\. This guess receives (\d+) black peg\(s\) "
+                   r"and (\d+) white peg\(s\)")
+
+
+def _pegs(guess: Sequence[int], code: Sequence[int]) -> tuple[int, int]:
+  black = sum(g == c for g, c in zip(guess, code))
+  common = sum(min(guess.count(d), code.count(d)) for d in set(guess))
+  return black, common - black
+
+
+def mastermind(observations: Sequence[str]) -> str:
+  """The first code (in lexicographic order) consistent with every answer
+  so far: ``(black, white)`` pegs of each earlier guess."""
+  length = int(_CODE.search(observations[0])[1])
+  low, high = map(int, _DIGITS.search(observations[0]).groups())
+  digits = range(low, high + 1)
+  codes = (itertools.permutations(digits, length) if "not allowed" in observations[0]
+           else itertools.product(digits, repeat=length))
+  answers = [(tuple(int(d) for d in m[1].split(",")), (int(m[2]), int(m[3])))
+             for obs in observations[1:] if (m := _PEGS.search(obs))]
+  code = next(c for c in codes if all(_pegs(list(g), list(c)) == a for g, a in answers))
+  return "\\boxed{" + " ".join(map(str, code)) + "}"
+
+
+# GEM game name (the id's part before "-v") -> its expert: the observations
+# so far -> the next action.
+EXPERTS: dict[str, Callable[[Sequence[str]], str]] = {
+    "game:GuessTheNumber": guess_the_number, "game:Mastermind": mastermind}
+
 
 class GemEnv:
   """A GEM environment as a ``TextEnv`` (``done = terminated or truncated``).
+
+  Games with an expert in :data:`EXPERTS` also have
+  ``demonstration(seed) -> list[str]``: the expert's moves in the episode
+  ``reset(seed)`` starts.
 
   Args:
     env_id: a registered GEM id, e.g. ``"game:GuessTheNumber-v0-easy"``.
@@ -32,6 +91,9 @@ class GemEnv:
                         "pip install 'gem-llm==0.1.0'") from e
     self.env_id = env_id
     self.env = gem.make(env_id, **kwargs)
+    self.expert = EXPERTS.get(env_id.split("-v")[0])
+    if self.expert is not None:  # only games with an expert offer demonstrations
+      self.demonstration = self._demonstration
 
   def reset(self, seed: int) -> str:
     observation, _ = self.env.reset(seed=seed)
@@ -40,3 +102,13 @@ class GemEnv:
   def step(self, action: str) -> tuple[str, float, bool]:
     observation, reward, terminated, truncated, _ = self.env.step(action)
     return observation, float(reward), bool(terminated or truncated)
+
+  def _demonstration(self, seed: int, max_moves: int = 1000) -> list[str]:
+    observations, actions = [self.reset(seed)], []
+    for _ in range(max_moves):
+      actions.append(self.expert(observations))
+      observation, _, done = self.step(actions[-1])
+      if done:
+        return actions
+      observations.append(observation)
+    raise RuntimeError(f"{self.env_id}: the expert did not finish in {max_moves} moves")

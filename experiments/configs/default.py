@@ -188,7 +188,7 @@ def _distill_stage() -> ml_collections.ConfigDict:
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
   variants = {a for a in arg.split(",") if a}
-  valid = ("tiny", "calc", "offpolicy", "ledger", "stagewise", "composed")
+  valid = ("tiny", "calc", "offpolicy", "ledger", "stagewise", "composed", "gem")
   unknown = variants - set(valid)
   if unknown:
     raise ValueError(f"unknown config variant(s) {sorted(unknown)}; valid: {', '.join(valid)}")
@@ -325,6 +325,16 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                    host_kwargs='{"entries": 10, "min_entries": 2}')
     c.sampling.update(max_turns=12, max_new_tokens_per_turn=12, max_total_tokens=224)
     c.context.max_resets = 6
+  if "gem" in variants:
+    # A GEM game through the host path (pip install -e ".[gem]"): guess a
+    # number from 1 to 10 in 4 turns from "higher"/"lower" hints, warm-started
+    # on binary search (agentic_rl/envs/gem.py: EXPERTS). GEM's reward is 1
+    # for the number and 1 - distance / 9 for a wrong last guess: success
+    # is finding it. The game's rules take 367 tokens of the prompt.
+    c.tasks.update(source="host", host_env="gem:game:GuessTheNumber-v0-easy",
+                   success_threshold=0.9)
+    c.sampling.update(max_turns=4, max_new_tokens_per_turn=12, max_total_tokens=640)
+    c.sft.update(num_demos=1024, pack=False)
   if "composed" in variants:
     # A synthesised family (experiments/tasks/composed.json, written by
     # experiments.synthesize): programs over the built-in tools.
