@@ -17,6 +17,7 @@ mean +- std over seeds) and one PNG per study.
 from __future__ import annotations
 
 import concurrent.futures
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -70,9 +71,11 @@ COLUMNS = {
                     "distinct_tool_seqs", "entropy"),
     "shift": ("success", "gain", "kl_behaviour_learner", "staleness_mean", "is_ratio_max",
               "episodes_per_s"),
+    "host": ("sft_success", "success", "gain", "pass_at_k", "episodes_per_s"),
 }
 HEADERS = {
     "success": "final success", "gain": "gain over SFT", "pass_at_k": "final pass@k",
+    "sft_success": "success after SFT",
     "zero_variance_frac": "mean zero-variance frac",
     "effective_token_frac": "mean tokens with non-zero advantage",
     "rollouts_per_iter": "rollouts / iter",
@@ -129,6 +132,9 @@ def run(workdir: str, seeds: Sequence[int], studies: Sequence[str], *, jobs: int
   unknown = set(studies) - set(ablations.STUDIES)
   if unknown:
     raise ValueError(f"unknown studies {sorted(unknown)}; valid: {list(ablations.STUDIES)}")
+  if "host" in studies and importlib.util.find_spec("gem") is None:
+    raise ValueError("the host study plays a GEM game: pip install -e '.[gem]' (or leave it "
+                     "out: --studies=signal,exploration,shift)")
   arms = list(dict.fromkeys(a for s in studies for a in ablations.STUDIES[s]))
   bases = list(dict.fromkeys(ablations.warm_start(a) for a in arms))
   with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
@@ -190,10 +196,14 @@ def collect(workdir: str, seeds: Sequence[int], studies: Sequence[str]) -> dict:
       for name in ("eval/success", "eval/pass_at_k", "eval/pass_at_1"):
         series[name].insert(0, [0, float(sft[name])])
       series["signal/stage_rollouts"].insert(0, [0, 0.0])
-      runs[arm][str(seed)] = {"series": series, "summary": _summarise(series, sft),
-                              "iterations": len(rl)}
+      summary = _summarise(series, sft)
+      # This run's process alone (its directory also counts the warm start's).
+      summary["wall_s"] = metrics_lib.read_summary(os.path.join(root, arm))["wall_s_last"]
+      runs[arm][str(seed)] = {"series": series, "summary": summary, "iterations": len(rl)}
+  warm = {s: sum(metrics_lib.read_summary(os.path.join(workdir, f"seed{seed}", base))["wall_s"]
+                 for seed in seeds for base in {ablations.WARM_STARTS[s]}) for s in studies}
   return {"seeds": list(seeds), "studies": {s: list(ablations.STUDIES[s]) for s in studies},
-          "runs": runs}
+          "runs": runs, "warm_start_wall_s": warm}
 
 
 def _mean_std(results: dict, arm: str, name: str) -> tuple[float, float]:
@@ -206,7 +216,11 @@ def table(results: dict) -> str:
   lines = [f"Seeds: {', '.join(map(str, results['seeds']))}; mean ± std over seeds.", ""]
   for study, arms in results["studies"].items():
     cols = COLUMNS[study]
-    lines += [f"**{study}**", "",
+    arm_s = sum(r["summary"]["wall_s"] for a in arms for r in results["runs"][a].values())
+    runs = sum(len(results["runs"][a]) for a in arms)
+    lines += [f"**{study}**: {runs} RL runs, {arm_s / runs:.0f} s each on average, "
+              f"{(arm_s + results['warm_start_wall_s'][study]) / 60:.0f} min of runs in all with "
+              "the warm starts (wall times of each process)", "",
               "| arm | " + " | ".join(HEADERS[c] for c in cols) + " |",
               "|---" * (len(cols) + 1) + "|"]
     for arm in arms:
@@ -236,7 +250,7 @@ def comparisons(results: dict) -> dict[str, float]:
     for arm in ("dynamic", "ada", "knapsack"):
       if arm in runs:
         out[f"nonzero_grad_per_rollout/{arm}_vs_uniform"] = (
-            mean(arm, "nonzero_grad_per_rollout") / base - 1.0)
+            mean(arm, "nonzero_grad_per_rollout") / base - 1.0 if base else float("nan"))
         out[f"all_correct_frac/{arm}_minus_uniform"] = (
             mean(arm, "all_correct_frac") - mean("uniform", "all_correct_frac"))
   if "async0" in runs:
@@ -258,6 +272,8 @@ PANELS = {
                     ("eval/pass_at_k", "held-out pass@k", False)),
     "shift": (("shift/kl_behaviour_learner", "KL(behaviour || learner), k3", True),
               ("eval/success", "held-out greedy success", False)),
+    "host": (("reward/outcome", "training reward (GEM's)", False),
+             ("eval/success", "held-out greedy success", False)),
 }
 X_ROLLOUTS = ("signal",)
 

@@ -7,7 +7,7 @@ from agentic_rl.train import config as config_lib
 from experiments.configs import ablations, default
 
 
-@pytest.mark.parametrize("arm", ["sft", "sft_boxes", *ablations.ARMS])
+@pytest.mark.parametrize("arm", [*dict.fromkeys(ablations.WARM_STARTS.values()), *ablations.ARMS])
 def test_every_arm_validates(arm):
   config_lib.validate(ablations.get_config(arm))
   config_lib.validate(ablations.get_config(f"{arm},tiny"))
@@ -58,6 +58,11 @@ def test_the_studies_settings():
   assert all(ablations.get_config(a).rl.actor == "async" for a in ablations.STUDIES["shift"])
   assert [ablations.get_config(f"async{s}").rl.max_staleness for s in (0, 1, 2, 4, 8)] == [
       0, 1, 2, 4, 8]
+  # The host study plays a GEM game through the host path, warm-started on
+  # its expert.
+  gem = ablations.get_config("gem")
+  assert (gem.tasks.source, gem.tasks.host_env) == ("host", "gem:game:GuessTheNumber-v0-easy")
+  assert ablations.get_config("sft_gem").stages == ("sft",)
 
 
 def test_unknown_arm_or_variant():

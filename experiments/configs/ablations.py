@@ -26,8 +26,8 @@ per seed, so they differ only in the ablated controller.
   the same updates); Clip-Cov; KL-Cov; pass@k advantages. Read distinct
   successful strategies, pass@k and final success.
 - ``shift`` (I3): the asynchronous actor at staleness 0, 1, 2, 4 and 8
-  without correction, with TIS, MIS and IcePop at 4, TIS and IcePop at 8,
-  and the adaptive staleness controller under 8. Read KL(behaviour ‖
+  without correction; at 8 (the largest shift) with TIS, MIS and IcePop,
+  and the adaptive staleness controller under 8 (with TIS). Read KL(behaviour ‖
   learner), success and the RL stage's wall time.
 
 Scale: 20 RL iterations of 16 prompts x 8 rollouts (the signal study: until
@@ -44,8 +44,9 @@ STUDIES = {
     "signal": ("uniform", "dynamic", "ada", "knapsack"),
     "exploration": ("boxes_none", "boxes_entropy", "boxes_clip_sym", "boxes_clip_higher",
                     "boxes_clip_cov", "boxes_kl_cov", "boxes_pass_at_k"),
-    "shift": ("async0", "async1", "async2", "async4", "async8", "async4_tis", "async4_mis",
-              "async4_icepop", "async8_tis", "async8_icepop", "async8_adaptive"),
+    "shift": ("async0", "async1", "async2", "async4", "async8", "async8_tis", "async8_mis",
+              "async8_icepop", "async8_adaptive"),
+    "host": ("gem",),
 }
 # Settings every arm of a study shares, its warm start's included.
 _SIGNAL = {"tasks.train_size": 64, "rl.iterations": 60, "rl.rollout_budget": 2560,
@@ -54,9 +55,20 @@ _SIGNAL = {"tasks.train_size": 64, "rl.iterations": 60, "rl.rollout_budget": 256
            "tasks.rewards.format": 0.0, "tasks.rewards.efficiency": 0.0}
 _BOXES = {"tasks.families": ("boxes",), "tasks.weights": (1.0,), "tasks.difficulty": (0,),
           "sampling.max_turns": 3, "sft.strategy_weights.boxes": (0.6, 0.2, 0.2)}
-STUDY_SETTINGS = {"signal": _SIGNAL, "exploration": _BOXES, "shift": {}}
+# A GEM game through the host path: a short warm start (the game has ten
+# distinct episodes; 30 steps of binary search already win 89%), then RL on
+# 8 prompts x 8 rollouts, the learner running each group's 367-token rules once.
+_GEM = {"sft.steps": 12, "sft.batch_size": 16, "rl.iterations": 10,
+        "rl.prompts_per_step": 8, "rl.share_prefix": True, "eval.num_prompts": 64,
+        "eval.pass_k_prompts": 16}
+# The settings that size a study; the tiny variant keeps its own.
+_SCALE = ("tasks.train_size", "sft.steps", "sft.batch_size", "rl.iterations",
+          "rl.prompts_per_step", "eval.num_prompts", "eval.pass_k_prompts")
+STUDY_SETTINGS = {"signal": _SIGNAL, "exploration": _BOXES, "shift": {}, "host": _GEM}
+# The config variant (default.py) a study starts from.
+STUDY_VARIANTS = {"host": "gem"}
 # The warm start of each study (an SFT-only config of its settings).
-WARM_STARTS = {"signal": "sft", "exploration": "sft_boxes", "shift": "sft"}
+WARM_STARTS = {"signal": "sft", "exploration": "sft_boxes", "shift": "sft", "host": "sft_gem"}
 
 
 def _async(staleness: int, **overrides) -> dict:
@@ -81,13 +93,12 @@ ARMS: dict[str, dict] = {
     "boxes_kl_cov": {"rl.loss": "kl_cov"},
     "boxes_pass_at_k": {"rl.advantage": "pass_at_k", "rl.advantage_kwargs.pass_at_k.k": 4},
     **{f"async{s}": _async(s) for s in (0, 1, 2, 4, 8)},
-    "async4_tis": _async(4, **{"rl.correction": "tis"}),
-    "async4_mis": _async(4, **{"rl.correction": "mis"}),
-    "async4_icepop": _async(4, **{"rl.correction": "icepop"}),
     "async8_tis": _async(8, **{"rl.correction": "tis"}),
+    "async8_mis": _async(8, **{"rl.correction": "mis"}),
     "async8_icepop": _async(8, **{"rl.correction": "icepop"}),
     "async8_adaptive": _async(8, **{"rl.correction": "tis",
                                     "rl.shift.adaptive_staleness": True}),
+    "gem": {},
 }
 LABELS = {
     "uniform": "uniform", "dynamic": "dynamic (DAPO)", "ada": "Reinforce-Ada",
@@ -97,10 +108,10 @@ LABELS = {
     "boxes_clip_higher": "4 updates/batch, clip-higher 0.2/0.28",
     "boxes_clip_cov": "Clip-Cov", "boxes_kl_cov": "KL-Cov", "boxes_pass_at_k": "pass@k advantages",
     "async0": "staleness 0", "async1": "staleness 1", "async2": "staleness 2",
-    "async4": "staleness 4", "async8": "staleness 8", "async4_tis": "staleness 4 + TIS",
-    "async4_mis": "staleness 4 + MIS", "async4_icepop": "staleness 4 + IcePop",
-    "async8_tis": "staleness 8 + TIS", "async8_icepop": "staleness 8 + IcePop",
+    "async4": "staleness 4", "async8": "staleness 8", "async8_tis": "staleness 8 + TIS",
+    "async8_mis": "staleness 8 + MIS", "async8_icepop": "staleness 8 + IcePop",
     "async8_adaptive": "adaptive bound ≤ 8 + TIS",
+    "gem": "GEM GuessTheNumber-v0-easy",
 }
 STUDY_OF = {arm: study for study, arms in STUDIES.items() for arm in arms}
 
@@ -128,22 +139,25 @@ def _set(cfg: ml_collections.ConfigDict, dotted: str, value) -> None:
 def get_config(arg: str = "dynamic") -> ml_collections.ConfigDict:
   parts = [a for a in arg.split(",") if a]
   arm, variants = parts[0], set(parts[1:])
-  if arm not in ("sft", "sft_boxes") and arm not in ARMS:
-    raise ValueError(f"unknown ablation arm {arm!r}; valid: sft, sft_boxes, {', '.join(ARMS)}")
+  warm_starts = {name: study for study, name in WARM_STARTS.items()}
+  if arm not in warm_starts and arm not in ARMS:
+    raise ValueError(f"unknown ablation arm {arm!r}; valid: {', '.join(warm_starts)}, "
+                     f"{', '.join(ARMS)}")
   if variants - {"tiny"}:
     raise ValueError(f"unknown variant(s) {sorted(variants - {'tiny'})}; valid: tiny")
   tiny = "tiny" in variants
-  cfg = default.get_config(",".join(sorted(variants)))
+  study = warm_starts.get(arm) or STUDY_OF[arm]
+  cfg = default.get_config(",".join(sorted(variants | {STUDY_VARIANTS.get(study, "")})))
   cfg.rl.iterations = 4 if tiny else 20
   cfg.eval.every = 2 if tiny else 5
   cfg.tasks.train_size = 16 if tiny else 128
   cfg.checkpoint.every = 1_000_000  # only at stage ends: arms restart from SFT's
-  study = {"sft": "signal", "sft_boxes": "exploration"}.get(arm) or STUDY_OF[arm]
+  cfg.export.deploy_check = "off"  # a minute per run; the studies do not read it
   settings = dict(STUDY_SETTINGS[study])
   if arm == "sft":  # the signal study's pool is not part of the warm start
     settings = {}
   if tiny:  # a tiny pool, and a budget the tiny stage reaches
-    settings = {k: v for k, v in settings.items() if k != "tasks.train_size"}
+    settings = {k: v for k, v in settings.items() if k not in _SCALE}
     if "rl.rollout_budget" in settings:
       settings.update({"rl.iterations": 8, "rl.rollout_budget": 4 * 8})
   for dotted, value in settings.items():
