@@ -5,18 +5,17 @@ r"""Ablations of the invariant controllers, at small scale on a 2-core CPU.
 
 An arm is the default config (``default.py``) with its study's settings and
 its own overrides. ``get_config("ARM")`` builds one (``"ARM,tiny"`` at the
-test scale); ``"sft"`` and ``"sft_boxes"`` are the warm starts the arms
-share: each study's arms start their RL stage from the same SFT checkpoint
-per seed, so they differ only in the ablated controller.
+test scale); ``"sft"``, ``"sft_boxes"`` and ``"sft_gem"`` are the warm
+starts the arms share: each study's arms start their RL stage from the same
+SFT checkpoint per seed, so they differ only in the ablated controller.
 
 - ``signal`` (I2): uniform allocation, DAPO dynamic sampling (the default),
   Reinforce-Ada rounds and Knapsack budgets on a 64-prompt pool that recurs
   every four iterations, with the outcome as the only reward, each arm
   stopped at the same number of generated episodes (``rl.rollout_budget``:
   20 uniform iterations' worth), so they compare per rollout, not per
-  iteration. Read the share of generated
-  episodes that carry a gradient, the all-correct group fraction and final
-  success.
+  iteration. Read the share of generated episodes that carry a gradient,
+  the all-correct group fraction and final success.
 - ``exploration`` (I1): hidden boxes with a three-turn limit, warm-started
   on demonstrations that are 60% ``linear`` search (open boxes upwards),
   which runs out of turns whenever the number is in the upper half, and 20%
@@ -29,9 +28,12 @@ per seed, so they differ only in the ablated controller.
   without correction; at 8 (the largest shift) with TIS, MIS and IcePop,
   and the adaptive staleness controller under 8 (with TIS). Read KL(behaviour ‖
   learner), success and the RL stage's wall time.
+- ``host``: GEM's GuessTheNumber (``pip install -e ".[gem]"``) through the
+  host path: a short SFT on the game's scripted expert (binary search), then
+  RL. Read success after SFT and after RL.
 
 Scale: 20 RL iterations of 16 prompts x 8 rollouts (the signal study: until
-2560 episodes), evaluation every 5 iterations.
+2560 episodes; the host study: 10 of 8 x 8), evaluation every 5 iterations.
 """
 
 from __future__ import annotations
