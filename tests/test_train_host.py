@@ -143,10 +143,19 @@ class BadTools(NoDemos):
 
 
 @pytest.mark.parametrize("actor", ["sync", "async"])
-def test_a_gem_game_warm_starts_on_its_expert_then_trains(tmp_path, actor):
+def test_a_gem_game_trains_where_gem_is_installed(tmp_path, actor):
+  pytest.importorskip("gem", reason="GEM (pip install gem-llm==0.1.0) is optional")
+  cfg = _host_cfg(host_env="gem:game:GuessTheNumber-v0-easy", stages=("rl",))
+  cfg.sampling.max_total_tokens = 1024
+  cfg.rl.actor = actor
+  summary, records = _records(cfg, tmp_path)
+  assert summary["steps"] == cfg.rl.iterations
+  assert all(k in records[-1] for k in INVARIANT_KEYS)
+
+
+def test_a_gem_game_warm_starts_on_its_expert_then_trains(tmp_path):
   pytest.importorskip("gem", reason="GEM (pip install gem-llm==0.1.0) is optional")
   cfg = default.get_config("gem,tiny")
-  cfg.rl.actor = actor
   summary, records = _records(cfg, tmp_path)
   assert summary["steps"] == cfg.sft.steps + cfg.rl.iterations
   sft, rl = records[:cfg.sft.steps], records[cfg.sft.steps:]
