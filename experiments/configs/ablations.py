@@ -26,8 +26,8 @@ SFT checkpoint per seed, so they differ only in the ablated controller.
   successful strategies, pass@k and final success.
 - ``shift`` (I3): the asynchronous actor at staleness 0, 1, 2, 4 and 8
   without correction; at 8 (the largest shift) with TIS, MIS and IcePop,
-  and the adaptive staleness controller under 8 (with TIS). Read KL(behaviour ‖
-  learner), success and the RL stage's wall time.
+  and the adaptive staleness controller under 8 (with TIS). Read
+  KL(behaviour ‖ learner), success and the RL stage's wall time.
 - ``host``: GEM's GuessTheNumber (``pip install -e ".[gem]"``) through the
   host path: a short SFT on the game's scripted expert (binary search), then
   RL. Read success after SFT and after RL.
@@ -147,7 +147,8 @@ def get_config(arg: str = "dynamic") -> ml_collections.ConfigDict:
     raise ValueError(f"unknown variant(s) {sorted(variants - {'tiny'})}; valid: tiny")
   tiny = "tiny" in variants
   study = warm_starts.get(arm) or STUDY_OF[arm]
-  cfg = default.get_config(",".join(sorted(variants | {STUDY_VARIANTS.get(study, "")})))
+  base = {STUDY_VARIANTS[study]} if study in STUDY_VARIANTS else set()
+  cfg = default.get_config(",".join(sorted(variants | base)))
   cfg.rl.iterations = 4 if tiny else 20
   cfg.eval.every = 2 if tiny else 5
   cfg.tasks.train_size = 16 if tiny else 128

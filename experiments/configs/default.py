@@ -333,8 +333,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # is finding it. The game's rules take 367 tokens of the prompt.
     # Episodes are ~600 tokens (4x the built-in families'): smaller batches,
     # the learner runs each group's rules once (rl.share_prefix), and RL
-    # steps at 2e-4 (at 1e-3 the first update of a lightly trained policy
-    # doubled its entropy and RL collapsed, every action truncated).
+    # steps at 2e-4: at 1e-3 the first update of a lightly trained policy
+    # doubles its entropy and its actions soon all run out of tokens.
     c.tasks.update(source="host", host_env="gem:game:GuessTheNumber-v0-easy",
                    success_threshold=0.9)
     c.sampling.update(max_turns=4, max_new_tokens_per_turn=12, max_total_tokens=640)
