@@ -14,6 +14,7 @@ from agentic_rl.envs import text_games
 from agentic_rl.train import config as config_lib
 from agentic_rl.train import loop
 from agentic_rl.train import metrics as metrics_lib
+from agentic_rl.train import run as run_lib
 from experiments.configs import default
 
 INVARIANT_KEYS = (
@@ -163,6 +164,20 @@ def test_a_gem_game_warm_starts_on_its_expert_then_trains(tmp_path):
   assert sft[-1]["sft/nll"] < sft[0]["sft/nll"] and sft[0]["sft/demos"] > 0
   assert all(k in rl[-1] for k in INVARIANT_KEYS)
   assert all(r["episode/env_errors"] == 0 for r in rl)
+
+
+def test_each_thread_plays_on_its_own_host_loop():
+  """The asynchronous actor plays in its thread while the learner evaluates
+  in its own: they never share a loop or its environments."""
+  run = run_lib.build(_host_cfg())
+  sampling = config_lib.sampling_config(run.cfg)
+  loop_here, envs_here = run.host_loop(sampling, 2)
+  assert run.host_loop(sampling, 2)[0] is loop_here
+  there = []
+  thread = threading.Thread(target=lambda: there.extend(run.host_loop(sampling, 2)))
+  thread.start()
+  thread.join()
+  assert there[0] is not loop_here and not {id(e) for e in there[1]} & {id(e) for e in envs_here}
 
 
 def _rl_only(host_env="guess_number", **tasks):

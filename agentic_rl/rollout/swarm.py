@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -86,7 +87,7 @@ class Swarm:
                        f"{rows}, {max_width}, {max_critical_steps}")
     self.agents, self.codec, self.rows = dict(agents), codec, rows
     self.max_width, self.max_critical_steps = max_width, max_critical_steps
-    self._engines: dict[tuple[str, str], Any] = {}
+    self._engines: dict[tuple, Any] = {}
 
   def tally(self, rows: int) -> Tally:
     return Tally(rows)
@@ -153,12 +154,12 @@ class Swarm:
 
   def _play_text(self, name: str, tasks, key) -> list[SubResult]:
     agent = self.agents[name]
-    if (name, "") not in self._engines:
-      self._engines[(name, "")] = HostLoop(agent.model_config, agent.sampling, self.codec,
-                                           batch_size=self.rows,
-                                           system_prompt=agent.system_prompt,
-                                           **agent.host_kwargs)
-    loop = self._engines[(name, "")]
+    slot = (name, "", threading.get_ident())  # a loop plays one set of episodes at a time
+    if slot not in self._engines:
+      self._engines[slot] = HostLoop(agent.model_config, agent.sampling, self.codec,
+                                     batch_size=self.rows, system_prompt=agent.system_prompt,
+                                     **agent.host_kwargs)
+    loop = self._engines[slot]
     keys = jax.random.split(key, len(tasks))
     todo = collections.deque(Episode(t.env, t.seed, keys[i], i) for i, t in enumerate(tasks))
     rows: dict[int, Rollout] = {}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 from typing import Any
 
 import jax
@@ -179,9 +180,12 @@ class Run:
   def host_loop(self, sampling: SamplingConfig, rows: int, scripted: bool = False,
                 ) -> tuple[HostLoop, list]:
     """One compiled host loop and its ``rows`` environments per (sampling
-    settings, batch rows, ``scripted``: for demonstrations)."""
+    settings, batch rows, ``scripted``: for demonstrations) and thread: a
+    loop and its environments hold the episodes they play, and the
+    asynchronous actor's thread plays while the learner's evaluates."""
     scripted = scripted and self.swarm is not None and self.swarm.max_critical_steps > 0
-    key = ("host", sampling, rows, scripted)  # demonstrations differ only by the budget
+    # Demonstrations differ only by the budget.
+    key = ("host", sampling, rows, scripted, threading.get_ident())
     if key not in self.engines:
       self.engines[key] = (self.new_host_loop(sampling, rows, scripted),
                            [self.tasks.make() for _ in range(rows)])
