@@ -1,17 +1,13 @@
 """Install agentic_rl.
 
-The kernels live in the top-level ``kernels/`` folder (subpackages by
-backend: ``triton/``, ``hopper/``, ``tpu/``) but install as
-``agentic_rl.kernels``: a top-level module named ``kernels`` belongs to another
-PyPI package (and transformers probes for it). Tools that are not library code
-(the kernel benchmark, the ahead-of-time compile check) are in
-``experiments/`` and are not installed.
+The kernels are ``agentic_rl.kernels`` (subpackages by backend: ``triton/``,
+``hopper/``, ``tpu/``). Tools that are not library code (the kernel
+benchmark, the ahead-of-time compile check) are in ``experiments/`` and are
+not installed.
 """
 import setuptools
 
-_PACKAGES = [p for p in setuptools.find_packages(include=["agentic_rl", "agentic_rl.*"])]
-_PACKAGES += ["agentic_rl.kernels"] + [
-    f"agentic_rl.kernels.{p}" for p in setuptools.find_packages(where="kernels")]
+_PACKAGES = setuptools.find_packages(include=["agentic_rl", "agentic_rl.*"])
 
 setuptools.setup(
     name="agentic_rl",
@@ -19,7 +15,6 @@ setuptools.setup(
     description="A JAX research codebase for agentic reinforcement learning.",
     python_requires=">=3.11",
     packages=_PACKAGES,
-    package_dir={"agentic_rl.kernels": "kernels"},
     package_data={"agentic_rl.text": ["assets/*.model"]},
     include_package_data=True,
     install_requires=[

@@ -9,7 +9,7 @@ that as compile-only devices (``jax.experimental.topologies``). With JAX's
 CUDA plugin installed (``pip install -e ".[cuda]"``; no GPU or driver
 needed), a program then compiles on a CPU-only machine all the way to
 machine code for, say, an H200: the Triton kernels through XLA's Triton
-pipeline, the Mosaic GPU kernels (``kernels/hopper/``) through ptxas for
+pipeline, the Mosaic GPU kernels (``agentic_rl/kernels/hopper/``) through ptxas for
 ``sm_90a``. That checks what lowering alone does not (the PTX compile, each
 kernel's register use and spills, the Triton kernels' shared memory) and
 prints ptxas' own warnings, such as serialised ``wgmma``, before any GPU

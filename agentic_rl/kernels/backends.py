@@ -14,24 +14,24 @@ for).
 Attention (``attn_impl``), with where each runs, its code, and whether it
 has run on that hardware:
 
-* ``xla``: any platform; ``kernels/reference.py``; yes.
+* ``xla``: any platform; ``agentic_rl/kernels/reference.py``; yes.
 * ``xla_vjp``: any platform; the reference forward with a hand-written
   backward, ``agentic_rl/model/attention.py``; yes (CPU).
-* ``triton``: GPU; ``kernels/triton/``; yes (H200).
+* ``triton``: GPU; ``agentic_rl/kernels/triton/``; yes (H200).
 * ``cudnn``: NVIDIA GPU; ``jax.nn.dot_product_attention(implementation=
   "cudnn")`` for self-attention, the Triton decode kernel; yes (H200).
-* ``mosaic_gpu``: Hopper GPU (sm_90); ``kernels/hopper/`` for
+* ``mosaic_gpu``: Hopper GPU (sm_90); ``agentic_rl/kernels/hopper/`` for
   self-attention, the Triton decode kernel; no (compiled for an H200 on
   CPU, never run on a GPU).
-* ``mosaic_tpu``: TPU; ``kernels/tpu/``; no (run in the TPU interpreter and
-  lowered for a TPU only).
+* ``mosaic_tpu``: TPU; ``agentic_rl/kernels/tpu/``; no (run in the TPU
+  interpreter and lowered for a TPU only).
 * ``pallas``: the platform's Pallas kernels (``triton`` on GPU,
   ``mosaic_tpu`` on TPU, the Triton kernels interpreted on CPU: for tests).
 
 Log-probs (``logprob_impl``): ``xla`` (the reference, materialising the
 logits), ``xla_chunked`` (pure JAX over vocabulary chunks,
-``kernels/logprobs.py``), ``triton`` (GPU, ran on an H200), ``mosaic_tpu``
-(TPU, never run on one) and ``pallas`` (the platform's, as above).
+``agentic_rl/kernels/logprobs.py``), ``triton`` (GPU, ran on an H200),
+``mosaic_tpu`` (TPU, never run on one) and ``pallas`` (the platform's, as above).
 
 ``"auto"`` is :data:`AUTO`'s choice for the platform: the XLA references on
 CPU (the Pallas kernels only run interpreted there) and on any platform not
