@@ -15,8 +15,14 @@ On a 2-core machine, the two compute warpgroups and the memory warpgroup of
 a Hopper kernel that shares its executable with another kernel then wait
 for each other forever (the fused-dQ backward's step barrier did, under
 ``jax.grad``; it passes with ``NPROC=8``).
+
+After each test module JAX's in-memory caches are dropped: a worker runs
+hundreds of modules, and the executables each one compiled would otherwise
+stay resident for the whole run (a later module that compiles the same
+program loads it from the persistent cache).
 """
 
+import gc
 import os
 
 import jax
@@ -42,3 +48,10 @@ def _compilation_cache(tmp_path_factory):
   yield
   jax.config.update("jax_compilation_cache_dir", previous)
   del os.environ["JAX_COMPILATION_CACHE_DIR"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _drop_compiled_programs():
+  yield
+  jax.clear_caches()
+  gc.collect()

@@ -88,6 +88,7 @@ def _records(workdir):
   return metrics_lib.read_metrics(os.path.join(workdir, "metrics.jsonl"))
 
 
+@pytest.mark.slow  # two training runs beside the judge's
 def test_a_noisy_judge_moves_the_rewards_and_the_signal_metrics(judge_dir, tmp_path):
   plain = _records(loop.train(_rl_cfg(), str(tmp_path / "plain")) and str(tmp_path / "plain"))
   cfg = _rl_cfg()

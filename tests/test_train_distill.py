@@ -291,6 +291,7 @@ def test_distill_sampling_and_group_options_reach_the_rollouts(teacher_dir, tmp_
     assert len(prompt_B) == 4 and (prompt_B[0::2] == prompt_B[1::2]).all()  # groups of 2
 
 
+@pytest.mark.slow  # three training runs
 def test_a_resumed_distill_stage_matches_the_uninterrupted_one(teacher_dir, tmp_path):
   """The checkpoint holds the student; the resumed stage loads its teacher
   again and goes on with the same draws."""
