@@ -4,6 +4,7 @@ first arm only in its controller, and shares its study's warm start."""
 import pytest
 
 from agentic_rl.train import config as config_lib
+from experiments import ablate
 from experiments.configs import ablations, default
 
 
@@ -70,3 +71,14 @@ def test_unknown_arm_or_variant():
     ablations.get_config("knapsak")
   with pytest.raises(ValueError, match="variant"):
     ablations.get_config("uniform,huge")
+
+
+def test_ablate_refuses_unknown_studies_and_the_host_study_without_gem(tmp_path, monkeypatch):
+  with pytest.raises(ValueError, match="unknown studies"):
+    ablate.run(str(tmp_path), [0], ["signal", "sigal"])
+  real = ablate.importlib.util.find_spec
+  monkeypatch.setattr(ablate.importlib.util, "find_spec",
+                      lambda name, *a: None if name == "gem" else real(name, *a))
+  with pytest.raises(ValueError, match=r"pip install -e '.\[gem\]'"):
+    ablate.run(str(tmp_path), [0], ["signal", "host"])
+  assert not list(tmp_path.iterdir())  # refused before any run started
