@@ -1,5 +1,4 @@
-"""Attention, decode attention and fused log-probs, installed as
-``agentic_rl.kernels``.
+"""Attention, decode attention and fused log-probs.
 
 Laid out by backend:
 
