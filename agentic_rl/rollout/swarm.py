@@ -154,7 +154,7 @@ class Swarm:
 
   def _play_text(self, name: str, tasks, key) -> list[SubResult]:
     agent = self.agents[name]
-    slot = (name, "", threading.get_ident())  # a loop plays one set of episodes at a time
+    slot = (name, threading.get_ident())  # a loop plays one set of episodes at a time
     if slot not in self._engines:
       self._engines[slot] = HostLoop(agent.model_config, agent.sampling, self.codec,
                                      batch_size=self.rows, system_prompt=agent.system_prompt,

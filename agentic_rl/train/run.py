@@ -184,7 +184,7 @@ class Run:
     loop and its environments hold the episodes they play, and the
     asynchronous actor's thread plays while the learner's evaluates."""
     scripted = scripted and self.swarm is not None and self.swarm.max_critical_steps > 0
-    # Demonstrations differ only by the budget.
+    # scripted: demonstrations differ only by the budget.
     key = ("host", sampling, rows, scripted, threading.get_ident())
     if key not in self.engines:
       self.engines[key] = (self.new_host_loop(sampling, rows, scripted),
