@@ -155,7 +155,28 @@ def test_temperature_override_equals_an_engine_built_at_that_temperature(setup):
   base = s["engine"].rollout(*args)
   assert not np.array_equal(base.tokens_BxT, got.tokens_BxT)
   with pytest.raises(ValueError, match="temperature"):
-    s["engine"].rollout(*args, temperature=0.0)
+    s["engine"].rollout(*args, temperature=-1.0)
+
+
+def test_temperature_zero_decodes_as_an_engine_built_greedy(setup):
+  """Greedy decoding is an argument of the sampling program: evaluation and
+  RL share one compiled engine."""
+  s = setup
+  args = (s["params"], s["prompts"], s["prompt_len"], s["instances"], jax.random.key(3), 0)
+  got = s["engine"].rollout(*args, temperature=0.0)
+  greedy = rollout.RolloutEngine(s["config"], dataclasses.replace(SAMPLING, greedy=True),
+                                 s["codec"].ids, env=s["engine"].env,
+                                 batch_size=s["engine"].batch_size,
+                                 group_size=s["engine"].group_size)
+  want = greedy.rollout(*args)
+  np.testing.assert_array_equal(got.tokens_BxT, want.tokens_BxT)
+  np.testing.assert_array_equal(got.behaviour_logp_BxT, want.behaviour_logp_BxT)
+  np.testing.assert_array_equal(got.entropy_BxT, want.entropy_BxT)
+  # The G rows of a prompt decode alike, and differ when sampled.
+  tokens = np.asarray(got.tokens_BxT).reshape(P, G, -1)
+  np.testing.assert_array_equal(tokens, np.repeat(tokens[:, :1], G, axis=1))
+  assert not np.array_equal(np.asarray(s["engine"].rollout(*args).tokens_BxT),
+                            np.asarray(got.tokens_BxT))
 
 
 def test_cache_sizes():

@@ -73,6 +73,19 @@ def test_greedy_is_a_point_mass():
   np.testing.assert_array_equal(S.entropy_of(logp), [0.0, 0.0])
 
 
+@pytest.mark.parametrize("jit", [False, True])
+def test_a_traced_temperature_of_zero_is_greedy(jit):
+  logits = jnp.array([[0.3, 2.0, -1.0], [5.0, 4.0, 4.9]])
+  f = jax.jit(S.sampling_log_probs, static_argnums=1) if jit else S.sampling_log_probs
+  cfg = Cfg(top_k=2, top_p=0.9)
+  np.testing.assert_array_equal(f(logits, cfg, jnp.float32(0.0)),
+                                S.sampling_log_probs(logits, Cfg(greedy=True)))
+  # A positive one is the config's distribution at that temperature.
+  np.testing.assert_array_equal(f(logits, cfg, jnp.float32(0.7)),
+                                S.sampling_log_probs(logits, Cfg(top_k=2, top_p=0.9,
+                                                                 temperature=0.7)))
+
+
 def test_entropy_hand_computed():
   logp = jnp.log(jnp.array([[0.5, 0.25, 0.25, 0.0]]))
   np.testing.assert_allclose(S.entropy_of(logp), [1.5 * math.log(2)], rtol=1e-6)

@@ -231,3 +231,28 @@ def test_rollout_budget_ends_the_stage_at_equal_sampling_cost(tmp_path):
   cfg.rl.rollout_budget = -1
   with pytest.raises(ValueError, match="rollout_budget"):
     config_lib.validate(cfg)
+
+
+def test_evaluation_decodes_greedily_and_samples_with_one_compiled_engine():
+  """Greedy decoding and the pass@k samples run one program (temperature 0
+  is greedy), and its greedy episodes are a greedy engine's."""
+  import jax
+
+  from agentic_rl import model as model_lib
+  from agentic_rl.train import run as run_lib
+  cfg = _cfg()
+  run = run_lib.build(cfg)
+  params = model_lib.init_params(run.model_config, jax.random.key(0))
+  out = run_lib.evaluate(run, params, jax.random.key(1))
+  assert len(run.engines) == 1, list(run.engines)
+  assert {"eval/success", "eval/pass_at_k", "eval/pass_at_1"} <= set(out)
+  sampling = config_lib.sampling_config(cfg, greedy=True)
+  ids = np.arange(cfg.eval.num_prompts)
+  shared = run.rollout(params, sampling, "test", ids, jax.random.key(1), 0, cfg.eval.batch_rows)
+  inst = run.tasks.instances("test", ids)
+  prompts, lens = run.tasks.prompts(inst)
+  own = run_lib.RolloutEngine(run.model_config, sampling, run.codec.ids, env=run.env,
+                              batch_size=cfg.eval.batch_rows).rollout(
+                                  params, prompts, lens, inst, jax.random.key(2), 0)
+  np.testing.assert_array_equal(shared.tokens_BxT, own.tokens_BxT)
+  assert len(run.engines) == 1

@@ -195,7 +195,8 @@ class RolloutEngine:
         mask 1 and record their log-prob under the sampling distribution
         (``-inf`` if top-k/top-p excludes them).
       temperature: overrides ``sampling.temperature`` for this call without
-        recompiling (a temperature schedule); None keeps the config's.
+        recompiling (a temperature schedule; 0: greedy decoding); None keeps
+        the config's.
     Returns:
       :class:`Rollout` with ``B = P * G`` rows, prompt-major.
 
@@ -271,8 +272,8 @@ class RolloutEngine:
   def _temperature(self, temperature) -> jax.Array:
     if temperature is None:
       return jnp.float32(self.sampling.temperature)
-    if isinstance(temperature, (int, float)) and not temperature > 0.0:
-      raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    if isinstance(temperature, (int, float)) and not temperature >= 0.0:
+      raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature!r}")
     return jnp.float32(temperature)
 
   def _check_inputs(self, prompts_PxL, prompt_len_P, instances_P, script_PxS,

@@ -9,7 +9,8 @@ this order (the Hugging Face ``generate`` order):
    probabilities in decreasing order and keep the shortest prefix whose mass
    reaches ``top_p`` (the most likely token is always kept; ties at the last
    kept value are kept too);
-4. greedy: a point mass on the argmax (log-prob 0, entropy 0).
+4. greedy (or a traced temperature of 0): a point mass on the argmax
+   (log-prob 0, entropy 0).
 
 :func:`sampling_log_probs` returns the log-probabilities of that truncated,
 renormalised distribution (``-inf`` outside its support). The rollout engine
@@ -85,17 +86,31 @@ def sampling_log_probs(logits_NxV: jax.Array, config: SamplingConfig,
     config: the sampling settings (static).
     temperature: optional float scalar (may be traced) replacing
       ``config.temperature``, for a temperature schedule that must not
-      recompile the sampler.
+      recompile the sampler; 0 is greedy (one program samples and decodes
+      greedily).
   Returns:
     float32 ``[..., V]``: ``log_softmax`` of the temperature-scaled logits
     restricted to the kept tokens, ``-inf`` elsewhere; every row sums to 1.
   """
   z = logits_NxV.astype(jnp.float32)
   if config.greedy:
-    best = jnp.argmax(z, axis=-1)
-    onehot = jax.nn.one_hot(best, z.shape[-1], dtype=bool)
-    return jnp.where(onehot, 0.0, -jnp.inf)
-  z = z / (config.temperature if temperature is None else temperature)
+    return _argmax_log_probs(z)
+  if temperature is None:
+    return _kept_log_probs(z / config.temperature, config)
+  t = jnp.asarray(temperature, jnp.float32)
+  sampled = _kept_log_probs(z / jnp.where(t > 0.0, t, 1.0), config)
+  return jnp.where(t > 0.0, sampled, _argmax_log_probs(z))
+
+
+def _argmax_log_probs(z: jax.Array) -> jax.Array:
+  """A point mass on the argmax: 0 there, ``-inf`` elsewhere."""
+  onehot = jax.nn.one_hot(jnp.argmax(z, axis=-1), z.shape[-1], dtype=bool)
+  return jnp.where(onehot, 0.0, -jnp.inf)
+
+
+def _kept_log_probs(z: jax.Array, config: SamplingConfig) -> jax.Array:
+  """``log_softmax`` of temperature-scaled logits ``z`` over the tokens top-k
+  and top-p keep, ``-inf`` elsewhere."""
   if 0 < config.top_k < z.shape[-1]:
     kth = jax.lax.top_k(z, config.top_k)[0][..., -1:]
     z = jnp.where(z >= kth, z, -jnp.inf)

@@ -86,10 +86,11 @@ class Run:
 
   def engine(self, sampling: SamplingConfig, rows: int, group_size: int = 1) -> RolloutEngine:
     """One compiled engine per (sampling settings, batch rows, group size),
-    shared by the RL stages and evaluation. Rows are episodes: groups are
-    made by repeating prompts, and ``group_size`` consecutive rows of one
-    prompt share its prefill (and, with ``sampling.decode_shared_prefix``,
-    its cache while decoding). On a single-process mesh with several
+    shared by the RL stages and evaluation (:meth:`rollout` passes the
+    temperature and greedy decoding as arguments of one program). Rows are
+    episodes: groups are made by repeating prompts, and ``group_size``
+    consecutive rows of one prompt share its prefill (and, with
+    ``sampling.decode_shared_prefix``, its cache while decoding). On a single-process mesh with several
     batch shards the rows are split over them (a data-parallel rollout)
     when they divide evenly."""
     key = (sampling, rows, group_size)
@@ -105,16 +106,20 @@ class Run:
 
   def rollout(self, params, sampling: SamplingConfig, split: str, ids: np.ndarray, key,
               version: int, rows: int, temperature: float | None = None,
-              weights=None, restart: bool = False) -> Rollout:
+              weights=None, restart: bool = False, group_size: int | None = None,
+              ) -> Rollout:
     """Episodes for prompts ``ids`` (repeats allowed), in fixed-size calls;
     ``temperature`` overrides ``sampling.temperature`` without recompiling.
+    Runs of equal ids share their prompt's prefill, in groups of at most
+    ``group_size`` rows (None: no limit); 1 runs them on the engine of
+    distinct prompts (evaluation's samples: one compiled program fewer).
 
     ``weights() -> (params, version)`` (an asynchronous actor's latest
     weights), when given, is asked again every turn's worth of tokens, and
     running episodes continue under newer weights (partial rollouts), or
     with ``restart`` start again under them."""
     parts = []
-    group = math.gcd(prompt_group_size(ids), rows)  # runs of equal ids: one prefill each
+    group = math.gcd(prompt_group_size(ids), group_size or 0, rows)
     for start in range(0, len(ids), rows):
       chunk = ids[start:start + rows]
       ro = self._rollout_rows(params, sampling, split, np.resize(chunk, rows),
@@ -128,6 +133,13 @@ class Run:
     if not self.host:
       inst = self.tasks.instances(split, ids[::group_size])
       prompts, lens = self.tasks.prompts(inst)
+      # The engine is keyed without the temperature and greedy decoding: both
+      # are arguments of its program (temperature 0 decodes greedily).
+      if sampling.greedy:
+        temperature = 0.0
+      elif temperature is None:
+        temperature = sampling.temperature
+      sampling = dataclasses.replace(sampling, temperature=1.0, greedy=False)
       engine = self.engine(sampling, len(ids), group_size)
       if weights is None:
         return engine.rollout(params, prompts, lens, inst, key, version,
@@ -290,7 +302,7 @@ def evaluate(run: Run, params, key) -> dict[str, float]:
                        np.arange(n), key, 0, rows)
   success = np.asarray(greedy.reward_components["outcome"]) > 0.5
   sampled = run.rollout(params, config_lib.sampling_config(cfg), "test",
-                        np.repeat(np.arange(n_k), k), key, 0, rows)
+                        np.repeat(np.arange(n_k), k), key, 0, rows, group_size=1)
   success_PxK = np.asarray(sampled.reward_components["outcome"]).reshape(n_k, k) > 0.5
   out = {"eval/success": float(success.mean())}
   if len(run.family_names) > 1:  # and each family's share of it
