@@ -90,9 +90,9 @@ class Run:
     temperature and greedy decoding as arguments of one program). Rows are
     episodes: groups are made by repeating prompts, and ``group_size``
     consecutive rows of one prompt share its prefill (and, with
-    ``sampling.decode_shared_prefix``, its cache while decoding). On a single-process mesh with several
-    batch shards the rows are split over them (a data-parallel rollout)
-    when they divide evenly."""
+    ``sampling.decode_shared_prefix``, its cache while decoding). On a
+    single-process mesh with several batch shards the rows are split over
+    them (a data-parallel rollout) when they divide evenly."""
     key = (sampling, rows, group_size)
     if key not in self.engines:
       shards = sharding.batch_shards(self.mesh)
