@@ -7,13 +7,16 @@ import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
+from agentic_rl import model as model_lib
 from agentic_rl import objectives
 from agentic_rl.train import config as config_lib
 from agentic_rl.train import loop
 from agentic_rl.train import metrics as metrics_lib
+from agentic_rl.train import run as run_lib
 from experiments.configs import default
 
 REQUIRED = (
@@ -236,10 +239,6 @@ def test_rollout_budget_ends_the_stage_at_equal_sampling_cost(tmp_path):
 def test_evaluation_decodes_greedily_and_samples_with_one_compiled_engine():
   """Greedy decoding and the pass@k samples run one program (temperature 0
   is greedy), and its greedy episodes are a greedy engine's."""
-  import jax
-
-  from agentic_rl import model as model_lib
-  from agentic_rl.train import run as run_lib
   cfg = _cfg()
   run = run_lib.build(cfg)
   params = model_lib.init_params(run.model_config, jax.random.key(0))
