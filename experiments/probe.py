@@ -1,0 +1,94 @@
+r"""Held-out success of a run's latest checkpoint, per task family and level.
+
+  python -m experiments.probe --workdir=/tmp/agentic_rl_default
+  python -m experiments.probe --workdir=DIR --levels=0,1,2 --show=4
+
+For each difficulty level (``--levels``; default: the run's own) it plays
+``--prompts`` held-out test prompts greedily and the first ``--sampled``
+of them ``--samples`` times each at the run's sampling temperature, and
+prints per family: greedy success, sampled success (the mean over samples),
+pass@k (a prompt with any success) and the share of prompts with none.
+Greedy success on the run's levels over the first ``eval.num_prompts``
+prompts is the run's ``eval/success``; the sampled columns show what
+greedy decoding hides (a policy whose mistakes greedy decoding strips).
+``--show`` prints that many greedy failures as text.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from absl import app
+from absl import flags
+from absl import logging
+
+from agentic_rl.envs import tasks as tasks_lib
+from agentic_rl.train import config as config_lib
+from agentic_rl.train import run as run_lib
+from experiments import export
+
+_WORKDIR = flags.DEFINE_string("workdir", "/tmp/agentic_rl_default", "The run's directory.")
+_LEVELS = flags.DEFINE_list("levels", [], "Difficulty levels (default: the run's).")
+_PROMPTS = flags.DEFINE_integer("prompts", 192, "Held-out prompts played greedily.")
+_SAMPLED = flags.DEFINE_integer("sampled", 64, "Of them, prompts sampled --samples times.")
+_SAMPLES = flags.DEFINE_integer("samples", 8, "Samples per sampled prompt.")
+_SHOW = flags.DEFINE_integer("show", 0, "Greedy failures to print as text.")
+
+
+def probe(workdir: str, levels=None, *, prompts: int = 192, sampled: int = 64,
+          samples: int = 8, show: int = 0) -> dict[str, dict[str, float]]:
+  """``{"<level>/<family>": {prompts, greedy, sampled, pass_at_k, none}}`` for the
+  latest checkpoint of ``workdir`` (see the module docstring); ``levels``
+  None: each of the run's levels alone."""
+  cfg, _, params = export._load(workdir)  # pylint: disable=protected-access
+  levels = list(levels) if levels else list(tasks_lib.difficulty_levels(cfg.tasks.difficulty))
+  sampled = min(sampled, prompts)
+  rows, key, out = cfg.eval.batch_rows, jax.random.key(0), {}
+  for level in levels:
+    cfg.tasks.difficulty = (int(level),)
+    run = run_lib.build(cfg)
+    greedy = run.rollout(params, config_lib.sampling_config(cfg, greedy=True), "test",
+                         np.arange(prompts), key, 0, rows)
+    ok_N = np.asarray(greedy.reward_components["outcome"]) > 0.5
+    drawn = run.rollout(params, config_lib.sampling_config(cfg), "test",
+                        np.repeat(np.arange(sampled), samples), key, 0, rows, group_size=1)
+    ok_PxK = (np.asarray(drawn.reward_components["outcome"]) > 0.5).reshape(sampled, samples)
+    family_N = run.families_of("test", np.arange(prompts))
+    for f, name in enumerate(run.family_names):
+      mine, mine_P = family_N == f, family_N[:sampled] == f
+      if not mine.any():
+        continue
+      out[f"{level}/{name}"] = {
+          "prompts": int(mine.sum()), "greedy": float(ok_N[mine].mean()),
+          "sampled": float(ok_PxK[mine_P].mean()) if mine_P.any() else float("nan"),
+          "pass_at_k": float(ok_PxK[mine_P].any(1).mean()) if mine_P.any() else float("nan"),
+          "none": float((~ok_PxK[mine_P].any(1)).mean()) if mine_P.any() else float("nan")}
+    for b in np.flatnonzero(~ok_N)[:show]:
+      tokens = np.asarray(greedy.tokens_BxT[b])[:int(greedy.length_B[b])]
+      print(f"--- level {level}, {run.family_names[family_N[b]]}:\n"
+            f"{run.codec.tokenizer.decode(tokens)}")
+  return out
+
+
+def table(results: dict[str, dict[str, float]], samples: int) -> str:
+  lines = [f"| level | family | prompts | greedy | sampled | pass@{samples} | none of {samples} |",
+           "|---|---|---:|---:|---:|---:|---:|"]
+  for name, r in results.items():
+    level, family = name.split("/", 1)
+    lines.append(f"| {level} | {family} | {r['prompts']} | {r['greedy']:.0%} | {r['sampled']:.0%} | "
+                 f"{r['pass_at_k']:.0%} | {r['none']:.0%} |")
+  return "\n".join(lines)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
+  results = probe(_WORKDIR.value, _LEVELS.value or None, prompts=_PROMPTS.value,
+                  sampled=_SAMPLED.value, samples=_SAMPLES.value, show=_SHOW.value)
+  print(table(results, _SAMPLES.value))
+
+
+if __name__ == "__main__":
+  app.run(main)
