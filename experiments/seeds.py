@@ -6,10 +6,11 @@ r"""The default run over seeds: how much of its result is the seed's?
 Each seed is ``python -m experiments.train --config.seed=S`` (the default
 config, nothing else changed) in its own process under
 ``--workdir/seed<S>`` (a run with a ``summary.json`` is not run again). The
-table gives held-out greedy success after SFT and after RL, overall and per
-task family, the gain and the wall time of each seed, then their mean and
-spread; a plot draws each seed's held-out success over the run. Wall times
-are only comparable with ``--jobs=1`` on an otherwise idle machine.
+table gives held-out success after SFT and after RL, greedy and sampled at
+temperature 1, overall and per task family, the gain and the wall time of
+each seed, then their mean and spread; a plot draws each seed's held-out
+success over the run. Wall times are only comparable with
+``--jobs=1`` on an otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from agentic_rl.train import metrics as metrics_lib
 from experiments import common
 from experiments.configs import default
 
-FAMILIES = tuple(default.get_config().tasks.families)
+_DEFAULT = default.get_config()
+FAMILIES = tuple(_DEFAULT.tasks.families)
 
 
 def _train(seed: int, root: str, tiny: bool) -> None:
@@ -39,18 +41,27 @@ def run(root: str, seeds: Sequence[int], *, jobs: int, tiny: bool) -> None:
       future.result()
 
 
+# The held-out metrics of a run's summary: greedy decoding, and the mean
+# success of samples at temperature 1 (eval/pass_at_1).
+METRICS = {"greedy": "success", "sampled": "success_sampled"}
+
+
 def result(workdir: str) -> dict:
-  """One seed's summary numbers and its held-out success per evaluation
-  (``curve``: ``[[global step, success], ...]``)."""
+  """One seed's summary numbers (``<metric>/sft``, ``<metric>/rl`` and per
+  family ``<metric>/sft/<family>``, for each of :data:`METRICS`) and its
+  held-out success per evaluation (``curve``: ``[[global step, greedy,
+  sampled], ...]``)."""
   summary = metrics_lib.read_summary(workdir)
-  out = {"sft": float(summary["sft_success"]), "rl": float(summary["rl_success"]),
-         "wall_s": float(summary["wall_s"])}
-  for f in FAMILIES:
-    out[f"sft/{f}"] = float(summary.get(f"sft_success/{f}", np.nan))
-    out[f"rl/{f}"] = float(summary.get(f"rl_success/{f}", np.nan))
+  out = {"wall_s": float(summary["wall_s"])}
+  for metric, key in METRICS.items():
+    for stage in ("sft", "rl"):
+      out[f"{metric}/{stage}"] = float(summary.get(f"{stage}_{key}", np.nan))
+      for f in FAMILIES:
+        out[f"{metric}/{stage}/{f}"] = float(summary.get(f"{stage}_{key}/{f}", np.nan))
   records = metrics_lib.read_metrics(os.path.join(workdir, metrics_lib.METRICS_FILE))
-  out["curve"] = [[r["step"], round(float(r["eval/success"]), 6)] for r in records
-                  if "eval/success" in r]
+  out["curve"] = [[r["step"], round(float(r["eval/success"]), 6),
+                   round(float(r.get("eval/pass_at_1", np.nan)), 6)]
+                  for r in records if "eval/success" in r]
   return out
 
 
@@ -59,24 +70,40 @@ def collect(root: str, seeds: Sequence[int]) -> dict:
           "seeds": {str(s): result(os.path.join(root, f"seed{s}")) for s in seeds}}
 
 
+def _ms(v: np.ndarray, fmt: str) -> str:
+  return f"{fmt.format(v.mean())} ± {fmt.replace('+', '').format(v.std())}"
+
+
 def table(results: dict) -> str:
-  """One row per seed, then the mean ± standard deviation."""
-  fams = results["families"]
-  head = ["seed", "after SFT", "after RL", "gain"] + [f"{f} SFT → RL" for f in fams] + ["wall"]
-  lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
-  rows = results["seeds"]
-  for seed, r in rows.items():
-    cells = [seed, f"{r['sft']:.1%}", f"{r['rl']:.1%}", f"{r['rl'] - r['sft']:+.1%}"]
-    cells += [f"{r[f'sft/{f}']:.0%} → {r[f'rl/{f}']:.0%}" for f in fams]
-    lines.append("| " + " | ".join(cells + [f"{r['wall_s']:.0f} s"]) + " |")
+  """Overall held-out success, greedy and sampled, one row per seed, then
+  the mean ± standard deviation; then each family's."""
+  fams, rows = results["families"], results["seeds"]
   stat = lambda key: np.array([r[key] for r in rows.values()])  # noqa: E731
-  ms = lambda v, fmt: f"{fmt.format(v.mean())} ± {fmt.replace('+', '').format(v.std())}"  # noqa: E731
-  cells = ["mean ± std", ms(stat("sft"), "{:.1%}"), ms(stat("rl"), "{:.1%}"),
-           ms(stat("rl") - stat("sft"), "{:+.1%}")]
-  cells += [f"{stat(f'sft/{f}').mean():.0%} → {stat(f'rl/{f}').mean():.0%}" for f in fams]
-  lines.append("| " + " | ".join(cells + [ms(stat("wall_s"), "{:.0f}") + " s"]) + " |")
-  gains = stat("rl") - stat("sft")
-  lines += ["", f"Smallest gain: {gains.min():+.1%} (seed {list(rows)[int(gains.argmin())]})."]
+  head = ["seed"] + [f"{m} {c}" for m in METRICS for c in ("after SFT", "after RL", "gain")]
+  lines = ["| " + " | ".join(head + ["wall"]) + " |", "|---|" + "---:|" * len(head)]
+  for seed, r in rows.items():
+    cells = [seed]
+    for m in METRICS:
+      sft, rl = r[f"{m}/sft"], r[f"{m}/rl"]
+      cells += [f"{sft:.1%}", f"{rl:.1%}", f"{rl - sft:+.1%}"]
+    lines.append("| " + " | ".join(cells + [f"{r['wall_s']:.0f} s"]) + " |")
+  cells = ["mean ± std"]
+  for m in METRICS:
+    sft, rl = stat(f"{m}/sft"), stat(f"{m}/rl")
+    cells += [_ms(sft, "{:.1%}"), _ms(rl, "{:.1%}"), _ms(rl - sft, "{:+.1%}")]
+  lines.append("| " + " | ".join(cells + [_ms(stat("wall_s"), "{:.0f}") + " s"]) + " |")
+  lines.append("")
+  for m in METRICS:
+    gains = stat(f"{m}/rl") - stat(f"{m}/sft")
+    lines.append(f"Smallest {m} gain: {gains.min():+.1%} (seed {list(rows)[int(gains.argmin())]}).")
+  head = ["seed"] + [f"{f} {m}" for f in fams for m in METRICS]
+  lines += ["", "Per family, after SFT → after RL:", "",
+            "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+  per = lambda get: [f"{get(f'{m}/sft/{f}'):.0%} → {get(f'{m}/rl/{f}'):.0%}"  # noqa: E731
+                     for f in fams for m in METRICS]
+  for seed, r in rows.items():
+    lines.append("| " + " | ".join([seed] + per(r.__getitem__)) + " |")
+  lines.append("| " + " | ".join(["mean"] + per(lambda k: stat(k).mean())) + " |")
   return "\n".join(lines)
 
 
@@ -86,15 +113,17 @@ def plot(results: dict, out_dir: str) -> str:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  fig, ax = plt.subplots(figsize=(6.5, 3.8))
+  fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
   for seed, r in results["seeds"].items():
-    x, y = zip(*r["curve"])
-    ax.plot(x, y, marker="o", ms=3, label=f"seed {seed}")
-  ax.set_xlabel("step (SFT steps, then RL iterations)")
-  ax.set_ylabel("held-out greedy success")
-  ax.set_ylim(0, 1)
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
+    x, *ys = zip(*r["curve"])
+    for ax, y in zip(axes, ys):
+      ax.plot(x, y, marker="o", ms=3, label=f"seed {seed}")
+  for ax, metric in zip(axes, METRICS):
+    ax.set_title(f"held-out success, {metric}", fontsize=10)
+    ax.set_xlabel("step (SFT steps, then RL iterations)")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+  axes[0].legend(fontsize=8)
   fig.tight_layout()
   os.makedirs(out_dir, exist_ok=True)
   path = os.path.join(out_dir, "seeds.png")
@@ -109,8 +138,11 @@ def write(results: dict, out: str, cmd: str) -> None:
   minutes = sum(r["wall_s"] for r in results["seeds"].values()) / 60
   with open(os.path.join(out, "results.md"), "w") as f:
     f.write(f"# The default run over seeds\n\nCommand: `{cmd}` ({minutes:.0f} min of runs, "
-            f"{time.strftime('%Y-%m-%d')}). Held-out greedy success on 128 test prompts "
-            "after the SFT warm start and after RL, overall and per task family.\n\n"
+            f"{time.strftime('%Y-%m-%d')}). Held-out success after the SFT warm start "
+            "and after RL, overall and per task family: greedy on "
+            f"{_DEFAULT.eval.num_prompts} test prompts, and sampled (`eval/pass_at_1`: the "
+            f"mean success of {_DEFAULT.eval.pass_k} samples at temperature 1 on each of "
+            f"{_DEFAULT.eval.pass_k_prompts}; the policy RL optimises).\n\n"
             f"{table(results)}\n\n![held-out success per seed](seeds.png)\n")
   plot(results, out)
 

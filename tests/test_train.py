@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import jax
 import numpy as np
@@ -255,3 +256,43 @@ def test_evaluation_decodes_greedily_and_samples_with_one_compiled_engine():
                                   params, prompts, lens, inst, jax.random.key(2), 0)
   np.testing.assert_array_equal(shared.tokens_BxT, own.tokens_BxT)
   assert len(run.engines) == 1
+
+
+def test_evaluation_reports_greedy_and_sampled_success_per_family(monkeypatch):
+  """Greedy success over the evaluation prompts, sampled success (pass@1)
+  over the pass@k samples, each overall and per family; the summary takes
+  both from a stage's last evaluation."""
+  cfg = default.get_config("tiny")
+  cfg.eval.update(num_prompts=12, pass_k=3, pass_k_prompts=6)
+  run = run_lib.build(cfg)
+  calls = []
+
+  def rollout(params, sampling, split, ids, key, step, rows, group_size=None):
+    # Greedy: prompts with an even id succeed; sampled: the first sample of
+    # prompts whose id is a multiple of 3.
+    del params, split, key, step, rows, group_size
+    calls.append(sampling.greedy)
+    ok = ids % 2 == 0 if sampling.greedy else (ids % 3 == 0) & (np.arange(len(ids)) % 3 == 0)
+    return types.SimpleNamespace(reward_components={"outcome": ok.astype(np.float32)}, info={})
+
+  monkeypatch.setattr(run, "rollout", rollout)
+  out = run_lib.evaluate(run, None, jax.random.key(0))
+  assert calls == [True, False]
+  assert out["eval/success"] == 0.5 and out["eval/pass_at_1"] == pytest.approx(1 / 9)
+  assert out["eval/pass_at_k"] == pytest.approx(1 / 3)
+  family = run.families_of("test", np.arange(cfg.eval.num_prompts))
+  assert len(set(family[:cfg.eval.pass_k_prompts])) > 1
+  for f, name in enumerate(run.family_names):
+    if np.any(family == f):
+      assert out[f"eval/success/{name}"] == np.mean(np.arange(12)[family == f] % 2 == 0)
+    if np.any(family[:6] == f):
+      want = np.mean(np.arange(6)[family[:6] == f] % 3 == 0) / 3
+      assert out[f"eval/pass_at_1/{name}"] == pytest.approx(want)
+    else:
+      assert f"eval/pass_at_1/{name}" not in out
+  d = types.SimpleNamespace(summary={})
+  loop._summarise_success(d, "rl", out, "rl_success")
+  assert d.summary["rl_success"] == 0.5 and d.summary["rl_success_sampled"] == out["eval/pass_at_1"]
+  assert {k for k in d.summary if "/" in k} == {
+      k.replace("eval/success", "rl_success").replace("eval/pass_at_1", "rl_success_sampled")
+      for k in out if k.startswith(("eval/success/", "eval/pass_at_1/"))}

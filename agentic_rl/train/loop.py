@@ -232,11 +232,16 @@ def _evaluate_at(run, d: _Driver, name: str, params, stage_key, record) -> None:
 
 
 def _summarise_success(d: _Driver, name: str, record, alias: str) -> None:
-  """A stage's held-out success into the summary: ``<stage>_success`` (and
-  ``alias``), and each family's as ``<stage>_success/<family>``."""
+  """A stage's held-out success into the summary: greedy as
+  ``<stage>_success`` (and ``alias``), sampled at temperature 1
+  (``eval/pass_at_1``) as ``<stage>_success_sampled`` (and
+  ``<alias>_sampled``), and each family's as ``<stage>_success/<family>`` and
+  ``<stage>_success_sampled/<family>``."""
   d.summary[f"{name}_success"] = d.summary[alias] = record["eval/success"]
-  d.summary.update({f"{name}_success/{k[len('eval/success/'):]}": v
-                    for k, v in record.items() if k.startswith("eval/success/")})
+  d.summary[f"{name}_success_sampled"] = d.summary[f"{alias}_sampled"] = record["eval/pass_at_1"]
+  for metric, key in (("eval/success/", "success"), ("eval/pass_at_1/", "success_sampled")):
+    d.summary.update({f"{name}_{key}/{k[len(metric):]}": v
+                      for k, v in record.items() if k.startswith(metric)})
 
 
 def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]:
@@ -371,8 +376,9 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
         return d.close(stop)  # stopped inside the stage (saved)
       params = state.params
       if f"{name}_success" not in d.summary:  # resumed with fewer steps than were done
-        d.summary[f"{name}_success"] = evaluate(run, params, stage_key)["eval/success"]
-      print(f"[{name}] held-out success: {d.summary[f'{name}_success']:.3f}")
+        _summarise_success(d, name, evaluate(run, params, stage_key), f"{name}_success")
+      print(f"[{name}] held-out success: {d.summary[f'{name}_success']:.3f} greedy, "
+            f"{d.summary[f'{name}_success_sampled']:.3f} sampled")
       progress.stage_index += 1
       progress.stage_step = progress.stage_rollouts = 0
       d.save(learner.TrainState(params, {}, jnp.zeros((), jnp.int32)), (), controls, root_key)
