@@ -35,10 +35,12 @@ from experiments import common
 from experiments.configs import default
 
 FAMILIES = tuple(default.get_config().tasks.families)
-# Every run's scale: the default run's (400 SFT steps, then 40 RL iterations
-# per RL stage or 40 distill iterations), evaluated once at the end of each
-# stage on the default 128 held-out prompts.
-SCALE = {"eval.every": 1000, "checkpoint.every": 1000, "export.deploy_check": "off"}
+# Every run's scale: the default run's as the study was measured
+# (common.STUDY_BASE: 400 SFT steps; then 40 RL iterations per RL stage or 40
+# distill iterations), evaluated once at the end of each stage on the
+# default 128 held-out prompts.
+SCALE = {**common.STUDY_BASE, "eval.every": 1000, "checkpoint.every": 1000,
+         "export.deploy_check": "off"}
 TINY_SCALE = {"sft.steps": 4, "rl.iterations": 2, "distill.iterations": 2,
               "eval.every": 1000, "checkpoint.every": 1000}
 EXPERTS = tuple(f"expert_{f}" for f in FAMILIES)

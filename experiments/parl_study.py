@@ -58,8 +58,9 @@ KEYS = ("eval/success", "eval/parl/spawns", "eval/parl/critical_steps",
 
 
 def _train(workdir: str, overrides: dict, tiny: bool, log: str) -> None:
+  base = {} if tiny else common.STUDY_BASE  # the settings the study was measured with
   common.train_once(workdir, "tiny" if tiny else "",
-                    {**overrides, **(TINY_SCALE if tiny else SCALE)}, log)
+                    {**base, **overrides, **(TINY_SCALE if tiny else SCALE)}, log)
 
 
 def run(root: str, seeds: Sequence[int], *, jobs: int, tiny: bool) -> None:

@@ -59,6 +59,11 @@ def test_the_studies_settings():
   assert all(ablations.get_config(a).rl.actor == "async" for a in ablations.STUDIES["shift"])
   assert [ablations.get_config(f"async{s}").rl.max_staleness for s in (0, 1, 2, 4, 8)] == [
       0, 1, 2, 4, 8]
+  # The studies keep the default run's settings they were measured with.
+  for arm in ("sft", "sft_boxes", "uniform", "boxes_none", "async8"):
+    cfg = ablations.get_config(arm)
+    assert (cfg.sft.steps, cfg.rl.signal.max_extra_rollout_frac, cfg.eval.pass_k_prompts) == (
+        400, 2.0, 32), arm
   # The host study plays a GEM game through the host path, warm-started on
   # its expert.
   gem = ablations.get_config("gem")

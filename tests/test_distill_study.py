@@ -30,8 +30,14 @@ def test_every_run_is_a_valid_config(tiny, tmp_path):
   sequential = configs["sequential"]
   assert sequential.stages[1:] == tuple(f"rl_{f}" for f in distill_study.FAMILIES)
   for f in distill_study.FAMILIES:  # each stage at the experts' RL scale
-    assert sequential[f"rl_{f}"].iterations == configs["expert_" + f].rl.iterations
+    expert = configs["expert_" + f].rl
+    assert sequential[f"rl_{f}"].iterations == expert.iterations
+    assert sequential[f"rl_{f}"].signal == expert.signal
   assert configs["student"].stages == ("sft", "distill")
+  if not tiny:  # the default run's settings the study was measured with
+    for cfg in configs.values():
+      assert (cfg.sft.steps, cfg.eval.pass_k_prompts) == (400, 32)
+    assert configs["expert_boxes"].rl.signal.max_extra_rollout_frac == 2.0
 
 
 def test_success_and_table(tmp_path, monkeypatch):

@@ -6,7 +6,7 @@ import os
 
 import train_commands
 from agentic_rl.train import config as config_lib
-from experiments import parl_study
+from experiments import common, parl_study
 
 
 def _run_dir(path):
@@ -14,19 +14,24 @@ def _run_dir(path):
   (path / "config.json").write_text("{}")
 
 
-def test_every_run_is_a_valid_config(tmp_path):
+def test_every_run_is_a_valid_config(tmp_path, monkeypatch):
   _run_dir(tmp_path / "sub_agent")
-  sub = train_commands.config_of("", {**parl_study.SUB_AGENT, **parl_study.SCALE})
+  commands = []
+  monkeypatch.setattr(common, "train_once", lambda *a: commands.append(a))
+  parl_study.run(str(tmp_path), [2], jobs=1, tiny=False)
+  [sub, *orchestrators] = [train_commands.config_of(*c[1:3]) for c in commands]
   config_lib.validate(sub)
   assert sub.tasks.families == ("multihop",)
-  agents = json.dumps({"hop": str(tmp_path / "sub_agent")})
-  for arm, extra in parl_study.ARMS.items():
-    cfg = train_commands.config_of("", {**parl_study.ORCHESTRATOR, **extra,
-                                        "parl.agents": agents, "seed": 2, **parl_study.SCALE})
+  assert [c[0] for c in commands[1:]] == [str(tmp_path / "seed2" / a) for a in parl_study.ARMS]
+  for arm, cfg in zip(parl_study.ARMS, orchestrators):
     config_lib.validate(cfg)
     assert cfg.parl.charge == arm and cfg.seed == 2
     assert cfg.parl.max_critical_steps == (6 if arm == "critical" else 0) and cfg.tasks.host_env == "parallel_hops"
     assert json.loads(cfg.tasks.host_kwargs)["questions"] == 3
+    assert json.loads(cfg.parl.agents) == {"hop": str(tmp_path / "sub_agent")}
+    # The study's own warm start; the rest as the study was measured.
+    assert cfg.sft.steps == 300 and cfg.eval.pass_k_prompts == 32
+  assert sub.sft.steps == 400 and sub.rl.signal.max_extra_rollout_frac == 2.0
 
 
 def test_measures_and_table(tmp_path):

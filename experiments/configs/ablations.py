@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from experiments import common
 from experiments.configs import default
 
 STUDIES = {
@@ -154,9 +155,9 @@ def get_config(arg: str = "dynamic") -> ml_collections.ConfigDict:
   cfg.tasks.train_size = 16 if tiny else 128
   cfg.checkpoint.every = 1_000_000  # only at stage ends: arms restart from SFT's
   cfg.export.deploy_check = "off"  # a minute per run; the studies do not read it
-  settings = dict(STUDY_SETTINGS[study])
+  settings = {**common.STUDY_BASE, **STUDY_SETTINGS[study]}
   if arm == "sft":  # the signal study's pool is not part of the warm start
-    settings = {}
+    settings = dict(common.STUDY_BASE)
   if tiny:  # a tiny pool, and a budget the tiny stage reaches
     settings = {k: v for k, v in settings.items() if k not in _SCALE}
     if "rl.rollout_budget" in settings:
