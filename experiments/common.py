@@ -24,9 +24,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The default run's settings the studies (ablations, distillation, PARL) were
 # measured with, which they keep when the default run's change: a warm start
-# of 400 SFT steps, dynamic sampling redrawing up to two batches per
-# iteration, pass@k on 32 held-out prompts.
-STUDY_BASE = {"sft.steps": 400, "rl.signal.max_extra_rollout_frac": 2.0,
+# of 400 SFT steps, 40 RL iterations (where a study sets no number of its
+# own), dynamic sampling redrawing up to two batches per iteration, pass@k
+# on 32 held-out prompts.
+STUDY_BASE = {"sft.steps": 400, "rl.iterations": 40, "rl.signal.max_extra_rollout_frac": 2.0,
               "eval.pass_k_prompts": 32}
 
 

@@ -64,6 +64,7 @@ def test_the_studies_settings():
     cfg = ablations.get_config(arm)
     assert (cfg.sft.steps, cfg.rl.signal.max_extra_rollout_frac, cfg.eval.pass_k_prompts) == (
         400, 2.0, 32), arm
+    assert cfg.rl.iterations == (60 if arm == "uniform" else 20), arm
   # The host study plays a GEM game through the host path, warm-started on
   # its expert.
   gem = ablations.get_config("gem")

@@ -37,6 +37,7 @@ def test_every_run_is_a_valid_config(tiny, tmp_path):
   if not tiny:  # the default run's settings the study was measured with
     for cfg in configs.values():
       assert (cfg.sft.steps, cfg.eval.pass_k_prompts) == (400, 32)
+    assert configs["expert_boxes"].rl.iterations == sequential.rl_boxes.iterations == 40
     assert configs["expert_boxes"].rl.signal.max_extra_rollout_frac == 2.0
 
 

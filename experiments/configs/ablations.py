@@ -150,14 +150,17 @@ def get_config(arg: str = "dynamic") -> ml_collections.ConfigDict:
   study = warm_starts.get(arm) or STUDY_OF[arm]
   base = {STUDY_VARIANTS[study]} if study in STUDY_VARIANTS else set()
   cfg = default.get_config(",".join(sorted(variants | base)))
+  for dotted, value in common.STUDY_BASE.items():
+    if not (tiny and dotted in _SCALE):
+      _set(cfg, dotted, value)
   cfg.rl.iterations = 4 if tiny else 20
   cfg.eval.every = 2 if tiny else 5
   cfg.tasks.train_size = 16 if tiny else 128
   cfg.checkpoint.every = 1_000_000  # only at stage ends: arms restart from SFT's
   cfg.export.deploy_check = "off"  # a minute per run; the studies do not read it
-  settings = {**common.STUDY_BASE, **STUDY_SETTINGS[study]}
+  settings = dict(STUDY_SETTINGS[study])
   if arm == "sft":  # the signal study's pool is not part of the warm start
-    settings = dict(common.STUDY_BASE)
+    settings = {}
   if tiny:  # a tiny pool, and a budget the tiny stage reaches
     settings = {k: v for k, v in settings.items() if k not in _SCALE}
     if "rl.rollout_budget" in settings:

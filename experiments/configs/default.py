@@ -86,7 +86,7 @@ def _sft_stage() -> ml_collections.ConfigDict:
 def _rl_stage() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       kind="rl",
-      iterations=40,
+      iterations=30,
       # > 0: the stage ends once it has generated this many episodes
       # (signal/stage_rollouts; groups dynamic sampling drops included), or
       # after `iterations`, whichever comes first: arms whose allocation
@@ -306,7 +306,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # temperature 1 on each of pass_k_prompts (eval/pass_at_1: the sampling
   # policy's success; eval/pass_at_k).
   c.eval = ml_collections.ConfigDict(dict(
-      every=20, num_prompts=128, pass_k=4, pass_k_prompts=128, batch_rows=128))
+      every=15, num_prompts=128, pass_k=4, pass_k_prompts=128, batch_rows=128))
   # After the last step: export the policy and score held-out episodes with
   # it in transformers (shift/deploy_logprob_diff_max in the summary): "auto"
   # where torch and transformers are installed, "on" (required) or "off".
