@@ -52,7 +52,6 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import app
 from absl import flags
