@@ -9,8 +9,8 @@ config, nothing else changed) in its own process under
 table gives held-out success after SFT and after RL, greedy and sampled at
 temperature 1, overall and per task family, the gain and the wall time of
 each seed, then their mean and spread; a plot draws each seed's held-out
-success over the run. Wall times are only comparable with
-``--jobs=1`` on an otherwise idle machine.
+success over the run. Wall times are only comparable with ``--jobs=1`` on
+an otherwise idle machine.
 """
 
 from __future__ import annotations

@@ -293,11 +293,12 @@ def build(cfg) -> Run:
 def evaluate(run: Run, params, key) -> dict[str, float]:
   """Held-out success of the policy on the test split.
 
-  ``eval/success``: greedy decoding on the first ``num_prompts`` test prompts;
-  ``eval/pass_at_1`` and ``eval/pass_at_k``: from ``pass_k`` samples at
-  temperature 1 on the first ``pass_k_prompts`` (pass@1 is their mean
-  success: the sampling policy's, which RL optimises); with several task families, each
-  family's ``eval/success/<family>`` and ``eval/pass_at_1/<family>``."""
+  ``eval/success``: greedy decoding on the first ``num_prompts`` test
+  prompts; ``eval/pass_at_1`` and ``eval/pass_at_k``: from ``pass_k``
+  samples at temperature 1 of each of the first ``pass_k_prompts`` (pass@1
+  is their mean success: the sampling policy's, which RL optimises); with
+  several task families, each family's ``eval/success/<family>`` and
+  ``eval/pass_at_1/<family>``."""
   cfg = run.cfg
   n, k, n_k, rows = (cfg.eval.num_prompts, cfg.eval.pass_k, cfg.eval.pass_k_prompts,
                      cfg.eval.batch_rows)
@@ -309,12 +310,12 @@ def evaluate(run: Run, params, key) -> dict[str, float]:
   success_PxK = np.asarray(sampled.reward_components["outcome"]).reshape(n_k, k) > 0.5
   out = {"eval/success": float(success.mean())}
   if len(run.family_names) > 1:  # and each family's share of it
-    family, family_k = run.families_of("test", np.arange(n)), run.families_of("test", np.arange(n_k))
+    family = run.families_of("test", np.arange(max(n, n_k)))
     for f, name in enumerate(run.family_names):
-      if np.any(family == f):
-        out[f"eval/success/{name}"] = float(success[family == f].mean())
-      if np.any(family_k == f):
-        out[f"eval/pass_at_1/{name}"] = float(success_PxK[family_k == f].mean())
+      if np.any(family[:n] == f):
+        out[f"eval/success/{name}"] = float(success[family[:n] == f].mean())
+      if np.any(family[:n_k] == f):
+        out[f"eval/pass_at_1/{name}"] = float(success_PxK[family[:n_k] == f].mean())
   out.update({k_: float(v) for k_, v in
               exploration.pass_at_k_metrics(success_PxK, k).items()})
   out.update({f"eval/{k_}": float(np.mean(v)) for k_, v in greedy.info.items()})  # parl/*
