@@ -230,6 +230,10 @@ def test_rollout_budget_ends_the_stage_at_equal_sampling_cost(tmp_path):
   assert [r["signal/stage_rollouts"] for r in records] == [8.0, 16.0]
   assert summary["steps"] == 2 and "eval/success" in records[-1]
   assert summary["rl_success"] == records[-1]["eval/success"]
+  assert summary["rl_success_sampled"] == records[-1]["eval/pass_at_1"]
+  sampled = {k.split("/")[-1]: v for k, v in records[-1].items() if k.startswith("eval/pass_at_1/")}
+  assert sampled and sampled == {k.split("/")[-1]: v for k, v in summary.items()
+                                 if k.startswith("rl_success_sampled/")}
   # A finished run resumed prints its summary: the budget still counts as done.
   assert loop.train(cfg, str(tmp_path))["steps"] == 2
   cfg.rl.rollout_budget = -1
