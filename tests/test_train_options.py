@@ -169,6 +169,38 @@ def test_share_prefix_gives_the_losses_of_the_plain_learner(tmp_path, monkeypatc
   assert any(r["learner/grad_norm"] > 0 for r in plain)
 
 
+def test_share_prefill_prefills_groups_once_or_rows_on_the_evaluation_engine(tmp_path,
+                                                                           monkeypatch):
+  """``sampling.share_prefill``: True compiles an engine that prefills each
+  group's prompt once for its G rows; False prefills every row on its own,
+  on the engine evaluation's samples use (one engine fewer). The episodes
+  and updates are the same."""
+  from agentic_rl.rollout.engine import RolloutEngine  # pylint: disable=import-outside-toplevel
+  built, init = [], RolloutEngine.__init__
+
+  def spy(self, *args, **kwargs):
+    init(self, *args, **kwargs)
+    built.append((self.batch_size, self.group_size))
+
+  monkeypatch.setattr(RolloutEngine, "__init__", spy)
+  runs = {}
+  for share in (True, False):
+    built.clear()
+    cfg = _rl_only(iterations=2)
+    cfg.sampling.share_prefill = share
+    runs[share] = (_rl_records(cfg, tmp_path / str(share)), list(built))
+  (shared, engines_shared), (alone, engines_alone) = runs[True], runs[False]
+  rows = cfg.rl.prompts_per_step * cfg.rl.group_size
+  assert (rows, cfg.rl.group_size) in engines_shared, engines_shared
+  assert all(g == 1 for _, g in engines_alone), engines_alone
+  assert len(engines_alone) == len(engines_shared) - 1
+  assert len(shared) == len(alone) == 2
+  for s, a in zip(shared, alone):
+    assert s["reward/mean"] == a["reward/mean"]
+    np.testing.assert_allclose(a["learner/loss"], s["learner/loss"], rtol=1e-5, atol=1e-7)
+  assert shared[-1]["eval/success"] == alone[-1]["eval/success"]
+
+
 def test_decode_shared_prefix_decodes_groups_from_one_cache(tmp_path, monkeypatch):
   """``sampling.decode_shared_prefix``: the engine decodes each group from
   one copy of its prompt's cache, and the behaviour log-probs it records
@@ -182,7 +214,7 @@ def test_decode_shared_prefix_decodes_groups_from_one_cache(tmp_path, monkeypatc
 
   monkeypatch.setattr(RolloutEngine, "_shared_len", spy)
   cfg = _rl_only(iterations=2)
-  cfg.sampling.decode_shared_prefix = True
+  cfg.sampling.update(share_prefill=True, decode_shared_prefix=True)
   records = _rl_records(cfg, tmp_path)
   assert max(shared) >= 16, shared  # the training groups decoded from a shared prefix
   for r in records:
@@ -192,11 +224,14 @@ def test_decode_shared_prefix_decodes_groups_from_one_cache(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("edit, match", [
-    (lambda c: c.sampling.update(decode_shared_prefix=True), None),
-    (lambda c: (c.sampling.update(decode_shared_prefix=True), c.rl.update(group_size=1)),
-     "no RL stage has group_size >= 2"),
-    (lambda c: (c.sampling.update(decode_shared_prefix=True),
+    (lambda c: c.sampling.update(share_prefill=True, decode_shared_prefix=True), None),
+    (lambda c: c.sampling.update(decode_shared_prefix=True), "set share_prefill True"),
+    (lambda c: (c.sampling.update(share_prefill=True, decode_shared_prefix=True),
+                c.rl.update(group_size=1)), "no RL stage has group_size >= 2"),
+    (lambda c: (c.sampling.update(share_prefill=True, decode_shared_prefix=True),
                 c.tasks.update(source="host", host_env="guess_number")), "host loop"),
+    (lambda c: (c.sampling.update(share_prefill=True),
+                c.tasks.update(source="host", host_env="guess_number")), "prefills each row"),
 ])
 def test_decode_shared_prefix_refusals(edit, match):
   from agentic_rl.train import config as config_lib  # pylint: disable=import-outside-toplevel

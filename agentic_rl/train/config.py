@@ -541,10 +541,17 @@ def _validate(cfg) -> None:
   model_cfg = model_config(cfg)
   check_logprob_impl(cfg)
   sampling_config(cfg)
+  if cfg.sampling.get("share_prefill", False) and cfg.tasks.get("source", "jax") == "host":
+    _err("config.sampling.share_prefill shares a group's prefill in the jitted rollout engine; "
+         "host environments run the host loop, which prefills each row: set it False")
   if cfg.sampling.get("decode_shared_prefix", False):
     if cfg.tasks.get("source", "jax") == "host":
       _err("config.sampling.decode_shared_prefix shares a group's prompt cache in the jitted "
            "rollout engine; host environments run the host loop, which does not: set it False")
+    if not cfg.sampling.get("share_prefill", True):
+      _err("config.sampling.decode_shared_prefix decodes a group's rollouts from its shared "
+           "prefill, and config.sampling.share_prefill=False prefills each row alone: set "
+           "share_prefill True")
     if not any(cfg[n].kind == "rl" and cfg[n].group_size > 1 for n in cfg.stages):
       _err("config.sampling.decode_shared_prefix decodes a group's rollouts from one shared "
            "prompt cache, and no RL stage has group_size >= 2: raise group_size or set it False")

@@ -111,8 +111,9 @@ class Run:
     """Episodes for prompts ``ids`` (repeats allowed), in fixed-size calls;
     ``temperature`` overrides ``sampling.temperature`` without recompiling.
     Runs of equal ids share their prompt's prefill, in groups of at most
-    ``group_size`` rows (None: no limit); 1 runs them on the engine of
-    distinct prompts (evaluation's samples: one compiled program fewer).
+    ``group_size`` rows (None: no limit); 1, or ``sampling.share_prefill``
+    False, runs them on the engine of distinct prompts (evaluation's samples:
+    one compiled program fewer).
 
     ``weights() -> (params, version)`` (an asynchronous actor's latest
     weights), when given, is asked again every turn's worth of tokens, and
@@ -120,6 +121,8 @@ class Run:
     with ``restart`` start again under them."""
     parts = []
     group = math.gcd(prompt_group_size(ids), group_size or 0, rows)
+    if not self.cfg.sampling.get("share_prefill", True):
+      group = 1
     for start in range(0, len(ids), rows):
       chunk = ids[start:start + rows]
       ro = self._rollout_rows(params, sampling, split, np.resize(chunk, rows),
