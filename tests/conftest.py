@@ -1,4 +1,10 @@
-"""Test-session setup: one persistent JAX compilation cache per pytest run.
+"""Test-session setup: fast compilation, one persistent JAX compilation cache
+per pytest run.
+
+XLA:CPU's backend compiles at optimisation level 0 (``XLA_FLAGS``, unless
+the caller sets a level): the tests' programs are small and compiled more
+often than run, and the level changes compile time, not results beyond
+float rounding.
 
 Several tests compile the same programs more than once: the resume test
 retrains the end-to-end config, and the notebook test starts a training
@@ -27,8 +33,15 @@ after every module instead took 6% more test time in one run.
 import gc
 import os
 
-import jax
-import pytest
+# Tests compile far more than they compute: XLA:CPU's backend at
+# optimisation level 0 compiles about 40% faster, and every test's programs
+# are small. Subprocess tests append their own flags to these.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                             + " --xla_backend_optimization_level=0").strip()
+
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 if jax.__version_info__ >= (0, 11):
   os.environ.setdefault("NPROC", str(max(8, os.cpu_count() or 1)))

@@ -440,7 +440,7 @@ _RESHARD = textwrap.dedent("""
 
 def test_sharded_checkpoint_restores_onto_a_different_mesh(tmp_path):
   env = {**os.environ, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+         "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"}
   proc = subprocess.run([sys.executable, "-c", _RESHARD, str(tmp_path)],
                         env=env, capture_output=True, text=True, timeout=120,
                         check=False)

@@ -14,8 +14,8 @@ _WORKER = os.path.join(os.path.dirname(__file__), "learner_devices.py")
 
 
 def _worker(*args):
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
+             + " --xla_force_host_platform_device_count=8")
   out = subprocess.run([sys.executable, _WORKER, *map(str, args)], env=env,
                        capture_output=True, text=True, timeout=600, check=True)
   return json.loads(out.stdout.strip().splitlines()[-1])

@@ -27,7 +27,7 @@ def _free_port() -> int:
 
 def _run_workers(workdir) -> list[dict]:
   env = {**os.environ, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+         "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"}
   port = _free_port()
   procs = [subprocess.Popen(
       [sys.executable, toy.__file__, "worker", str(pid), str(N_PROC),

@@ -164,7 +164,8 @@ def test_a_checkpoint_trains_on_two_devices_as_on_one(checkpoint_dir, tmp_path):
   done = subprocess.run(
       [sys.executable, "-c", code, checkpoint_dir, two], cwd=root, capture_output=True,
       text=True, timeout=900, env=dict(
-          os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2",
+          os.environ, JAX_PLATFORMS="cpu",
+          XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2",
           PYTHONPATH=os.pathsep.join([root, os.path.dirname(os.path.abspath(__file__))])))
   assert done.returncode == 0, done.stderr[-3000:]
   cfg = _cfg(checkpoint_dir)

@@ -19,8 +19,8 @@ _WORKER = os.path.join(os.path.dirname(__file__), "rollout_devices.py")
 
 @pytest.mark.slow
 def test_rows_split_over_four_devices_match_one_device():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-             JAX_PLATFORMS="cpu")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
+             + " --xla_force_host_platform_device_count=4")
   proc = subprocess.run([sys.executable, _WORKER], env=env, capture_output=True,
                         text=True, timeout=600, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]

@@ -264,7 +264,7 @@ def test_sharded_step_matches_unjitted_reference():
 
 def test_eight_simulated_devices_match_one_device():
   env = {**os.environ, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+         "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"}
   proc = subprocess.run(
       [sys.executable, toy.__file__, "parity"], env=env, capture_output=True,
       text=True, timeout=240, check=False)
@@ -291,7 +291,7 @@ def test_real_transformer_on_eight_devices_matches_one_device():
   """The policy model sharded by its own param_axes (GQA heads on tensor,
   embed on fsdp) trains like the unsharded one (two compiles: slow)."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+         "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"}
   proc = subprocess.run(
       [sys.executable, toy.__file__, "model"], env=env, capture_output=True,
       text=True, timeout=600, check=False)

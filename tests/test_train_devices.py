@@ -23,7 +23,8 @@ _NOISE = ("shift/logprob_mismatch", "shift/prob_mismatch", "shift/kl_behaviour_l
 
 def _env(devices: int) -> dict[str, str]:
   return dict(os.environ, JAX_PLATFORMS="cpu",
-              XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+              XLA_FLAGS=(os.environ.get("XLA_FLAGS", "")
+                         + f" --xla_force_host_platform_device_count={devices}"),
               PYTHONPATH=os.pathsep.join([ROOT, os.path.dirname(__file__)]))
 
 
