@@ -43,7 +43,7 @@ def prefix_lens(monkeypatch):
   return seen
 
 
-@pytest.mark.parametrize("micro_batches", [1, 2])
+@pytest.mark.parametrize("micro_batches", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_the_step_with_a_group_size_updates_as_without(micro_batches, prefix_lens):
   """A PPO step with a KL penalty scored inside it (``reference_inputs``)."""
   mesh = sharding.make_mesh(sharding.MeshConfig(data=-1))

@@ -51,7 +51,7 @@ def test_every_sequence_is_packed_once_and_intact(lengths):
   assert -(-sum(lengths) // T) <= p["tokens_BxT"].shape[0] <= len(lengths)
 
 
-@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("jit", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_packed_rows_score_each_sequence_as_alone(jit):
   cfg = default.get_config("tiny")
   run = run_lib.build(cfg)

@@ -273,6 +273,7 @@ def test_orchestrator_with_two_frozen_sub_agents_trains(sub_agent_dir, tmp_path)
   assert "eval/parl/critical_steps" in records[-1]
 
 
+@pytest.mark.slow
 def test_charging_critical_steps_and_their_budget(sub_agent_dir, tmp_path):
   cfg = _orchestrator_cfg(sub_agent_dir, max_width=3, charge="critical",
                           max_critical_steps=100)

@@ -27,8 +27,11 @@ def _ledger_cfg(policy):
   return cfg
 
 
-@pytest.mark.parametrize("policy,actor", [("drop_tool_results", "sync"), ("summary", "sync"),
-                                          ("discard_all", "async")])
+@pytest.mark.parametrize("policy,actor", [
+    ("drop_tool_results", "sync"),
+    pytest.param("summary", "sync", marks=pytest.mark.slow),
+    pytest.param("discard_all", "async", marks=pytest.mark.slow),
+])
 def test_each_context_policy_trains_on_every_segment(tmp_path, policy, actor):
   cfg = _ledger_cfg(policy)
   if actor == "async":  # continuous batching, one update of staleness, partial masking

@@ -78,7 +78,8 @@ def test_a_policy_collapsed_to_uniform_raises_an_alarm(tmp_path):
   assert "ALARM learner/uniform_policy=1" in console.getvalue()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM,
+                                 pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
 def test_a_signal_ends_the_run_after_the_step_with_a_checkpoint(sig, tmp_path):
   workdir = str(tmp_path / "run")
   proc = subprocess.Popen(

@@ -143,7 +143,7 @@ class BadTools(NoDemos):
     return "", 0.0, False
 
 
-@pytest.mark.parametrize("actor", ["sync", "async"])
+@pytest.mark.parametrize("actor", ["sync", pytest.param("async", marks=pytest.mark.slow)])
 def test_a_gem_game_trains_where_gem_is_installed(tmp_path, actor):
   pytest.importorskip("gem", reason="GEM (pip install gem-llm==0.1.0) is optional")
   cfg = _host_cfg(host_env="gem:game:GuessTheNumber-v0-easy", stages=("rl",))
