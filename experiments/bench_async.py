@@ -83,7 +83,7 @@ def config(actor: str, staleness: int, iterations: int, median_ms: float, sft_st
   cfg.tasks.update(source="host", host_env=f"{__name__}:LatencyGuess",
                    host_kwargs=json.dumps({"median_s": median_ms / 1000}),
                    env_workers=max(32, actor_rows))
-  cfg.sft.update(steps=sft_steps, num_demos=128, batch_size=16)
+  cfg.sft.update(steps=sft_steps, num_demos=128, batch_size=16, demo_noise=0.0)
   cfg.rl.update(iterations=iterations, prompts_per_step=8, group_size=4, actor=actor,
                 max_staleness=staleness, actor_rows=actor_rows)
   cfg.rl.signal.allocation = "uniform"

@@ -55,7 +55,7 @@ STUDIES: dict[str, dict] = {
         # Outcome and format rewards only: the efficiency reward is a length
         # penalty of its own, which would leave the baseline none to lack.
         "base": {"tasks.source": "host", "tasks.host_env": "guess_number",
-                 "tasks.rewards.efficiency": 0.0,
+                 "tasks.rewards.efficiency": 0.0, "sft.demo_noise": 0.0,
                  "tasks.host_kwargs": '{"verbose": 0.5}', "sampling.max_total_tokens": 224,
                  "rl.iterations": 20, "eval.every": 20, "checkpoint.every": 20},
         "arms": {"baseline": {}, "toggle": {"rl.toggle.phase_iterations": 5}}},

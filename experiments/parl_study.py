@@ -45,7 +45,7 @@ ORCHESTRATOR = {
     "tasks.source": "host", "tasks.host_env": "parallel_hops",
     "tasks.host_kwargs": json.dumps({"questions": 3, "level": 1, "spawn_demos": 0.25,
                                      "agent": "hop"}),
-    "tasks.max_obs_tokens": 24, "sampling.max_turns": 8,
+    "tasks.max_obs_tokens": 24, "sft.demo_noise": 0.0, "sampling.max_turns": 8,
     "sampling.max_new_tokens_per_turn": 24, "sampling.max_total_tokens": 224,
     "tasks.rewards.efficiency": 0.5, "tasks.rewards.efficiency_weights.calls": 1.0,
     "tasks.rewards.efficiency_weights.tokens": 0.0, "sft.steps": 300, "sft.num_demos": 512,

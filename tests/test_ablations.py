@@ -1,6 +1,8 @@
 """The ablation arms: each is a valid config that differs from its study's
 first arm only in its controller, and shares its study's warm start."""
 
+import json
+
 import pytest
 
 from agentic_rl.train import config as config_lib
@@ -66,9 +68,10 @@ def test_the_studies_settings():
         400, 2.0, 32), arm
     assert cfg.rl.iterations == (60 if arm == "uniform" else 20), arm
   # The host study plays a GEM game through the host path, warm-started on
-  # its expert.
+  # its expert's noisy games, and pays RL for finding the number.
   gem = ablations.get_config("gem")
   assert (gem.tasks.source, gem.tasks.host_env) == ("host", "gem:game:GuessTheNumber-v0-easy")
+  assert (gem.sft.steps, gem.sft.demo_noise, gem.tasks.host_reward) == (30, 0.35, "success")
   assert ablations.get_config("sft_gem").stages == ("sft",)
 
 
@@ -88,3 +91,20 @@ def test_ablate_refuses_unknown_studies_and_the_host_study_without_gem(tmp_path,
   with pytest.raises(ValueError, match=r"pip install -e '.\[gem\]'"):
     ablate.run(str(tmp_path), [0], ["signal", "host"])
   assert not list(tmp_path.iterdir())  # refused before any run started
+
+
+def test_rerunning_one_study_keeps_the_others_results(tmp_path):
+  old = {"seeds": [0, 1], "studies": {"signal": ["uniform"], "host": ["gem"]},
+         "runs": {"uniform": "U", "gem": "G0"}, "warm_start_wall_s": {"signal": 1.0, "host": 2.0},
+         "command": "all"}
+  (tmp_path / "results.json").write_text(json.dumps(old))
+  new = {"seeds": [0, 1], "studies": {"host": ["gem"]}, "runs": {"gem": "G1"},
+         "warm_start_wall_s": {"host": 3.0}}
+  got = ablate.merged(new, str(tmp_path), "host only")
+  assert list(got["studies"]) == ["signal", "host"]
+  assert got["runs"] == {"uniform": "U", "gem": "G1"}
+  assert got["warm_start_wall_s"] == {"signal": 1.0, "host": 3.0}
+  assert got["commands"] == {"signal": "all", "host": "host only"}
+  assert new["studies"] == {"host": ["gem"]}  # the argument is left as it was
+  # Other seeds: nothing to keep.
+  assert list(ablate.merged(dict(new, seeds=[0]), str(tmp_path), "x")["studies"]) == ["host"]

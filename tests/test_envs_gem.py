@@ -65,3 +65,19 @@ def test_only_games_with_an_expert_offer_demonstrations():
   cfg.tasks.host_env = "gem:game:Minesweeper-v0-easy"
   with pytest.raises(ValueError, match="stages=rl"):
     config_lib.validate(cfg)
+
+
+def test_noisy_demonstrations_play_random_moves_among_the_experts():
+  env = gem.GemEnv("game:GuessTheNumber-v0-easy")
+  clean = [env.demonstration(seed) for seed in range(40)]
+  noisy = [env.demonstration(seed, 0.5) for seed in range(40)]
+  assert noisy == [env.demonstration(seed, 0.5) for seed in range(40)]  # a function of the seed
+  assert env.demonstration(3, 0.0) == clean[3]
+  wins = 0
+  for seed, actions in enumerate(noisy):
+    observation, _, done = _play(env, actions, seed)
+    assert done  # every demonstration plays to the episode's end
+    wins += observation.startswith("Congratulations")
+  assert sum(a != c for a, c in zip(noisy, clean)) > 10 and 0 < wins < 40
+  with pytest.raises(ValueError, match="noise"):
+    env.demonstration(0, 1.5)

@@ -245,7 +245,7 @@ def sub_agent_dir(tmp_path_factory):
 def _orchestrator_cfg(sub_agent_dir, **parl_values):
   cfg = default.get_config("tiny")
   cfg.tasks.update(source="host", host_env=f"{__name__}:Delegator")
-  cfg.sft.update(steps=60, batch_size=16, num_demos=16)  # learns to close actions
+  cfg.sft.update(steps=60, batch_size=16, num_demos=16, demo_noise=0.0)  # learns to close actions
   cfg.rl.iterations = 2
   cfg.sampling.update(max_turns=4, max_new_tokens_per_turn=8, max_total_tokens=96)
   cfg.parl.update(agents=json.dumps({"a": sub_agent_dir, "b": sub_agent_dir}), **parl_values)

@@ -66,7 +66,7 @@ def _cfg(init_from):
   cfg.tasks.update(source="host", host_env=f"{__name__}:AddWithTool", train_size=64,
                    test_size=8, max_obs_tokens=16)
   cfg.sampling.update(max_total_tokens=512, max_new_tokens_per_turn=32, max_turns=3)
-  cfg.sft.update(steps=1, num_demos=8, batch_size=8, warmup_steps=0)
+  cfg.sft.update(steps=1, num_demos=8, batch_size=8, warmup_steps=0, demo_noise=0.0)
   cfg.rl.update(iterations=2, prompts_per_step=2, group_size=2)
   cfg.eval.update(num_prompts=2, pass_k=2, pass_k_prompts=1, batch_rows=2)
   cfg.export.update(deploy_check="on", check_prompts=2)

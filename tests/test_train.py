@@ -157,6 +157,7 @@ def test_resume_gives_the_same_metrics(straight, tmp_path):
     (lambda c: setattr(c.sft, "steps", -1), "sft.steps"),
     (lambda c: setattr(c.sft.strategy_weights, "boxes", (1.0, 1.0)), r"strategy_weights\.boxes"),
     (lambda c: setattr(c.sft.strategy_weights, "composed", (1.0,)), "not one of this run's"),
+    (lambda c: setattr(c.sft, "demo_noise", 1.5), r"demo_noise=1.5 is a probability"),
     (lambda c: setattr(c.sft, "schedule", "cosine"), "schedule"),
     (lambda c: setattr(c.rl, "iterations", 0), "rl.iterations"),
     (lambda c: setattr(c.rl, "updates_per_batch", 0), "updates_per_batch"),

@@ -112,6 +112,9 @@ def test_broken_environments_cost_only_their_own_episodes(tmp_path):
     (lambda c: c.tasks.update(host_env=f"{__name__}:BadTools"), "list of JSON schemas"),
     (lambda c: c.rl.exploration.update(temperature_schedule="linear", temperature_final=0.5),
      "temperature_schedule"),
+    (lambda c: c.tasks.update(host_env=f"{__name__}:CleanDemos"), r"--config\.sft\.demo_noise=0"),
+    (lambda c: c.tasks.update(host_reward="partial"), "config.tasks.host_reward"),
+    (lambda c: c.tasks.update(source="jax", host_reward="success"), "own reward"),
 ])
 def test_bad_host_configs_fail_before_compiling(edit, match):
   cfg = _host_cfg()
@@ -130,6 +133,11 @@ class NoDemos:
 
 class NotAnEnv:
   pass
+
+
+class CleanDemos(NoDemos):
+  def demonstration(self, seed):
+    return ["<answer>1</answer>"]
 
 
 class ToolsWithoutCall(NoDemos):
@@ -250,3 +258,48 @@ def test_a_stopped_synchronous_host_run_resumes_bit_exact(tmp_path):
   for a, b in zip(straight, resumed):
     assert {k: v for k, v in a.items() if not k.startswith(drop)} == {
         k: v for k, v in b.items() if not k.startswith(drop)}
+
+
+class PartialGuess(text_games.GuessNumber):
+  """The guessing game paying 0.05 for each wrong guess: partial credit that
+  never adds up to a success."""
+
+  def step(self, action):
+    observation, reward, done = super().step(action)
+    return observation, reward or 0.05, done
+
+
+@pytest.mark.parametrize("host_reward", ["env", "success"])
+def test_host_reward_success_pays_the_outcome_alone(tmp_path, host_reward):
+  cfg = _rl_only(f"{__name__}:PartialGuess", host_reward=host_reward)
+  cfg.tasks.rewards.efficiency = 0.0
+  _, records = _records(cfg, tmp_path)
+  rl = [r for r in records if "reward/mean" in r]
+  assert len(rl) == cfg.rl.iterations
+  for r in rl:
+    if host_reward == "env":  # wrong guesses earn 0.05 each
+      assert r["reward/mean"] > r["reward/outcome"]
+    else:
+      assert r["reward/mean"] == pytest.approx(r["reward/outcome"])
+
+
+def test_demo_noise_makes_mistakes_in_host_demonstrations(tmp_path, monkeypatch):
+  """sft.demo_noise reaches the environment's demonstration(seed, noise):
+  noisy demonstrations guess off the binary search, clean ones do not."""
+  played = {}
+  original = text_games.GuessNumber.demonstration
+
+  def spy(self, seed, *noise):
+    played[(seed, noise)] = original(self, seed, *noise)
+    return played[(seed, noise)]
+
+  monkeypatch.setattr(text_games.GuessNumber, "demonstration", spy)
+  for demo_noise in (0.0, 0.5):
+    cfg = _host_cfg(stages=("sft",))
+    cfg.sft.update(demo_noise=demo_noise, steps=1)
+    loop.train(cfg, str(tmp_path / str(demo_noise)))
+  clean = {seed: actions for (seed, noise), actions in played.items() if not noise}
+  noisy = {seed: actions for (seed, noise), actions in played.items() if noise == (0.5,)}
+  assert clean and noisy.keys() == clean.keys()
+  assert all(original(text_games.GuessNumber(), s) == a for s, a in clean.items())
+  assert sum(noisy[s] != clean[s] for s in clean) > len(clean) // 4

@@ -20,6 +20,8 @@ import itertools
 import re
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 _RANGE = re.compile(r"between (\d+) and (\d+)")
 _HINT = re.compile(r"you guessed (\d+), and the target number is (higher|lower)")
 
@@ -72,8 +74,8 @@ class GemEnv:
   """A GEM environment as a ``TextEnv`` (``done = terminated or truncated``).
 
   Games with an expert in :data:`EXPERTS` also have
-  ``demonstration(seed) -> list[str]``: the expert's moves in the episode
-  ``reset(seed)`` starts.
+  ``demonstration(seed, noise=0.0) -> list[str]``: the expert's moves in the
+  episode ``reset(seed)`` starts, a share ``noise`` of them random moves.
 
   Args:
     env_id: a registered GEM id, e.g. ``"game:GuessTheNumber-v0-easy"``.
@@ -103,10 +105,18 @@ class GemEnv:
     observation, reward, terminated, truncated, _ = self.env.step(action)
     return observation, float(reward), bool(terminated or truncated)
 
-  def _demonstration(self, seed: int, max_moves: int = 1000) -> list[str]:
+  def _demonstration(self, seed: int, noise: float = 0.0, max_moves: int = 1000) -> list[str]:
+    """The expert's moves from ``reset(seed)``; with ``noise`` > 0 each move
+    is, with that probability (drawn from the seed), the game's
+    ``sample_random_action()`` instead, and the expert plays on from what it
+    shows: an episode that may run out of turns before the end."""
+    if not 0.0 <= noise <= 1.0:
+      raise ValueError(f"noise must be in [0, 1], got {noise}")
+    rng = np.random.default_rng([seed, 2])
     observations, actions = [self.reset(seed)], []
     for _ in range(max_moves):
-      actions.append(self.expert(observations))
+      mistake = rng.random() < noise
+      actions.append(self.env.sample_random_action() if mistake else self.expert(observations))
       observation, _, done = self.step(actions[-1])
       if done:
         return actions

@@ -4,7 +4,9 @@ demonstrations: the built-in example of training your own environment.
 Protocol (``agentic_rl.rollout.TextEnv``): ``reset(seed) -> observation``,
 ``step(action) -> (observation, reward, done)``; optionally
 ``demonstration(seed) -> list[str]``, the actions of a competent episode
-(each ending with one stop piece, e.g. ``</answer>``), for the SFT stage.
+(each ending with one stop piece, e.g. ``</answer>``), for the SFT stage; a
+``demonstration(seed, noise)`` makes a share ``noise`` of them mistakes
+(``sft.demo_noise``).
 """
 
 from __future__ import annotations
@@ -54,16 +56,22 @@ class GuessNumber:
       return "Correct.", 1.0, True
     return ("Higher." if guess < self.secret else "Lower."), 0.0, last
 
-  def demonstration(self, seed: int) -> list[str]:
+  def demonstration(self, seed: int, noise: float = 0.0) -> list[str]:
+    """Binary search; with ``noise`` > 0 each guess is, with that
+    probability, a random number from 1 to ``high`` instead (the search
+    goes on from its answer), so a demonstration may run out of guesses."""
     self.reset(seed)
     verbose = np.random.default_rng([seed, 1]).random() < self.verbose
+    rng = np.random.default_rng([seed, 2])
     lo, hi, actions = 1, self.high, []
     while True:
       guess = (lo + hi) // 2
+      if rng.random() < noise:
+        guess = int(rng.integers(1, self.high + 1))
       actions.append((f"from {lo} to {hi}: " if verbose else "") + f"<answer>{guess}</answer>")
       if guess == self.secret:
         return actions
-      lo, hi = (guess + 1, hi) if guess < self.secret else (lo, guess - 1)
+      lo, hi = (max(lo, guess + 1), hi) if guess < self.secret else (lo, min(hi, guess - 1))
 
 
 _NEXT = re.compile(r"next\s+(-?\d+)")

@@ -9,6 +9,7 @@ that the model, sampler, objectives and invariant controllers take.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 
 import jax
@@ -36,6 +37,7 @@ from agentic_rl.train import parl, reward_hooks, sharding
 STAGE_KINDS = ("sft", "rl", "distill")
 DISTILL_MODES = ("on_policy", "teacher_sft")  # agentic_rl.train.distill
 TASK_SOURCES = ("jax", "host")
+HOST_REWARDS = ("env", "success")
 ACTORS = ("sync", "async")  # agentic_rl.train.actor
 OPTIMIZERS = ("adamw", "mirror_descent")
 # Mirror descent's KL-to-previous-policy term lives in the loss.
@@ -382,6 +384,13 @@ def _validate_reward_hooks(cfg) -> None:
          "yes or no")
 
 
+def _takes_noise(demonstration) -> bool:
+  try:
+    return "noise" in inspect.signature(demonstration).parameters
+  except (TypeError, ValueError):  # no signature to read (a builtin)
+    return False
+
+
 def _validate_host_tasks(cfg) -> None:
   """``config.tasks`` with ``source="host"``: the environment loads, builds
   and speaks the protocol; the stages ask nothing it cannot give."""
@@ -419,6 +428,11 @@ def _validate_host_tasks(cfg) -> None:
     _err(f"{where}: the SFT stage {sft[0]!r} needs demonstrations, and "
          f"{type(env).__name__} has no demonstration(seed) -> list of actions; train with RL "
          f"only (--config.stages=rl) or give the environment one")
+  noisy = [name for name in sft if cfg[name].get("demo_noise", 0.0)]
+  if noisy and not _takes_noise(env.demonstration):
+    _err(f"config.{noisy[0]}.demo_noise={cfg[noisy[0]].demo_noise}: {type(env).__name__}."
+         "demonstration(seed) takes no noise argument to make mistakes with; set "
+         f"--config.{noisy[0]}.demo_noise=0 or give it demonstration(seed, noise)")
   for key in ("env_workers", "max_obs_tokens"):
     _check_positive(f"config.tasks.{key}", t[key])
   if t.env_pool not in ENV_POOLS:
@@ -511,6 +525,14 @@ def _validate(cfg) -> None:
     _err(f"config.tasks.source is {source!r}; valid: {', '.join(TASK_SOURCES)}")
   if source == "host":
     _validate_host_tasks(cfg)
+  host_reward = cfg.tasks.get("host_reward", "env")
+  if host_reward not in HOST_REWARDS:
+    _err(f"config.tasks.host_reward is {host_reward!r}; valid: {', '.join(HOST_REWARDS)}")
+  if host_reward != "env" and source != "host":
+    _err(f"config.tasks.host_reward={host_reward!r} replaces a host environment's own reward; "
+         "the built-in families pay tasks.rewards (set --config.tasks.rewards.format=0 and "
+         "--config.tasks.rewards.efficiency=0 for the outcome alone) or set "
+         "--config.tasks.source=host")
   _validate_reward_hooks(cfg)
   parl.validate(cfg, _err)
   unknown = set(cfg.tasks.families) - set(registry.ENVS)
@@ -573,6 +595,8 @@ def _validate(cfg) -> None:
       _err(f"config.{name}: {e}")
     if stage.kind == "sft":
       _check_positive(f"config.{name}.steps", stage.steps)
+      if not 0.0 <= stage.demo_noise <= 1.0:
+        _err(f"config.{name}.demo_noise={stage.demo_noise} is a probability: set it in [0, 1]")
       _validate_strategy_weights(name, stage, cfg)
       rows = stage.batch_size
     elif stage.kind == "distill":

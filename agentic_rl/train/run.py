@@ -178,19 +178,29 @@ class Run:
     ``tasks.success_threshold``) and the efficiency components of its tool
     calls, policy tokens and measured ``env_seconds_B``
     (:func:`agentic_rl.envs.rewards.host_components`); their weighted term
-    is added to ``reward_B`` and to its last turn's reward."""
+    is added to ``reward_B`` and to its last turn's reward. With
+    ``tasks.host_reward="success"`` the environment's own rewards are
+    replaced by ``tasks.rewards.outcome`` times the success, paid on the
+    last turn: no partial credit (GEM's GuessTheNumber pays
+    ``1 - distance / 9`` for a wrong last guess)."""
     cfg = self.cfg
+    config = rewards_lib.RewardConfig.from_mapping(cfg.tasks.rewards)
+    success_B = np.asarray(ro.reward_B) > cfg.tasks.success_threshold
     comps, term_B = rewards_lib.host_components(
-        success=np.asarray(ro.reward_B) > cfg.tasks.success_threshold,
-        calls=parl.charged_steps(cfg, ro), tokens=policy_tokens(ro),
+        success=success_B, calls=parl.charged_steps(cfg, ro), tokens=policy_tokens(ro),
         seconds=ro.env_seconds_B, max_turns=cfg.sampling.max_turns,
-        max_action_len=cfg.sampling.max_new_tokens_per_turn,
-        config=rewards_lib.RewardConfig.from_mapping(cfg.tasks.rewards))
+        max_action_len=cfg.sampling.max_new_tokens_per_turn, config=config)
+    reward_B = np.asarray(ro.reward_B, np.float32)
     turn_rewards = np.array(ro.turn_rewards_BxC, np.float32)
+    rows = np.arange(len(reward_B))
     last_B = np.clip(np.asarray(ro.num_turns_B) - 1, 0, turn_rewards.shape[1] - 1)
-    turn_rewards[np.arange(len(last_B)), last_B] += term_B
-    return ro.replace(reward_B=np.asarray(ro.reward_B, np.float32) + term_B,
-                      turn_rewards_BxC=turn_rewards, reward_components=comps)
+    if cfg.tasks.get("host_reward", "env") == "success":
+      reward_B = np.float32(config.outcome) * success_B.astype(np.float32)
+      turn_rewards = np.zeros_like(turn_rewards)
+      turn_rewards[rows, last_B] = reward_B
+    turn_rewards[rows, last_B] += term_B
+    reward_B = reward_B + term_B
+    return ro.replace(reward_B=reward_B, turn_rewards_BxC=turn_rewards, reward_components=comps)
 
   def host_loop(self, sampling: SamplingConfig, rows: int, scripted: bool = False,
                 ) -> tuple[HostLoop, list]:
@@ -243,7 +253,9 @@ class Run:
     tokens, masks = [], []
     for start in range(0, stage.num_demos, rows):
       seeds = self.tasks.seeds("demo", np.arange(start, start + rows))
-      scripts = [list(demo_env.demonstration(int(s))) for s in seeds]
+      # demonstration(seed, noise): positional, as environment proxies forward.
+      noise = (stage.demo_noise,) if stage.demo_noise else ()
+      scripts = [list(demo_env.demonstration(int(s), *noise)) for s in seeds]
       seen = [[] for _ in seeds]
 
       def actor(b, obs, scripts=scripts, seeds=seeds, seen=seen):
