@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -49,6 +50,7 @@ SERIES = (
 # name -> (series, how): the numbers per (arm, seed) that the table reports.
 SUMMARIES = {
     "success": ("eval/success", "last"),
+    "success_sampled": ("eval/pass_at_1", "last"),
     "pass_at_k": ("eval/pass_at_k", "last"),
     "zero_variance_frac": ("signal/zero_variance_frac", "mean"),
     "effective_token_frac": ("signal/effective_token_frac", "mean"),
@@ -71,11 +73,13 @@ COLUMNS = {
                     "distinct_tool_seqs", "entropy"),
     "shift": ("success", "gain", "kl_behaviour_learner", "staleness_mean", "is_ratio_max",
               "episodes_per_s"),
-    "host": ("sft_success", "success", "gain", "pass_at_k", "episodes_per_s"),
+    "host": ("sft_success", "success", "gain", "sft_success_sampled", "success_sampled",
+             "gain_sampled", "pass_at_k", "episodes_per_s"),
 }
 HEADERS = {
     "success": "final success", "gain": "gain over SFT", "pass_at_k": "final pass@k",
-    "sft_success": "success after SFT",
+    "sft_success": "success after SFT", "sft_success_sampled": "sampled after SFT",
+    "success_sampled": "final sampled", "gain_sampled": "sampled gain",
     "zero_variance_frac": "mean zero-variance frac",
     "effective_token_frac": "mean tokens with non-zero advantage",
     "rollouts_per_iter": "rollouts / iter",
@@ -175,6 +179,9 @@ def _summarise(series: dict[str, list], sft: dict[str, float]) -> dict[str, floa
                          "sum": values.sum()}[how])
   out["sft_success"] = sft["eval/success"]
   out["gain"] = out["success"] - out["sft_success"]
+  if "success_sampled" in out:
+    out["sft_success_sampled"] = sft["eval/pass_at_1"]
+    out["gain_sampled"] = out["success_sampled"] - out["sft_success_sampled"]
   out["iterations"] = float(len(series.get("perf/step_s", [])))
   if out.get("rl_wall_s"):
     out["episodes_per_s"] = out["rollouts_total"] / out["rl_wall_s"]
@@ -218,9 +225,10 @@ def table(results: dict) -> str:
     cols = COLUMNS[study]
     arm_s = sum(r["summary"]["wall_s"] for a in arms for r in results["runs"][a].values())
     runs = sum(len(results["runs"][a]) for a in arms)
+    ran = f" (`{results['commands'][study]}`)" if "commands" in results else ""
     lines += [f"**{study}**: {runs} RL runs, {arm_s / runs:.0f} s each on average, "
               f"{(arm_s + results['warm_start_wall_s'][study]) / 60:.0f} min of runs in all with "
-              "the warm starts (wall times of each process)", "",
+              f"the warm starts (wall times of each process){ran}", "",
               "| arm | " + " | ".join(HEADERS[c] for c in cols) + " |",
               "|---" * (len(cols) + 1) + "|"]
     for arm in arms:
@@ -272,7 +280,7 @@ PANELS = {
                     ("eval/pass_at_k", "held-out pass@k", False)),
     "shift": (("shift/kl_behaviour_learner", "KL(behaviour || learner), k3", True),
               ("eval/success", "held-out greedy success", False)),
-    "host": (("reward/outcome", "training reward (GEM's)", False),
+    "host": (("reward/outcome", "training success (groups kept)", False),
              ("eval/success", "held-out greedy success", False)),
 }
 X_ROLLOUTS = ("signal",)
@@ -327,13 +335,39 @@ def plot(results: dict, out_dir: str) -> list[str]:
   return paths
 
 
+def merged(results: dict, out_dir: str, command: str) -> dict:
+  """``results`` with ``command`` as each of its studies' command, and the
+  studies it did not run taken from ``out_dir``'s ``results.json`` where
+  that holds the same seeds (with the commands that ran them): rerunning
+  one study keeps the others' results."""
+  results = dict(results, **{k: dict(results[k]) for k in ("studies", "runs", "warm_start_wall_s")})
+  commands = {study: command for study in results["studies"]}
+  path = os.path.join(out_dir, "results.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      old = json.load(f)
+    if old.get("seeds") == results["seeds"]:
+      for study, arms in old["studies"].items():
+        if study not in results["studies"]:
+          results["studies"][study] = arms
+          results["runs"].update({arm: old["runs"][arm] for arm in arms})
+          results["warm_start_wall_s"][study] = old["warm_start_wall_s"][study]
+          commands[study] = old.get("commands", {}).get(study, old["command"])
+  order = {study: i for i, study in enumerate(ablations.STUDIES)}
+  studies = dict(sorted(results["studies"].items(), key=lambda kv: order.get(kv[0], len(order))))
+  return dict(results, studies=studies, commands={s: commands[s] for s in studies})
+
+
 def write(results: dict, out_dir: str, command: str) -> None:
+  results = merged(results, out_dir, command)
   results = dict(results, command=command, comparisons=comparisons(results))
   # Compact: every per-iteration series of every run is in it.
   common.write_json(os.path.join(out_dir, "results.json"), results, indent=None,
                     separators=(",", ":"), sort_keys=True)
   with open(os.path.join(out_dir, "results.md"), "w") as f:
-    f.write(f"Command: `{command}`\n\n{table(results)}\n")
+    ran = set(results["commands"].values())
+    f.write((f"Command: `{command}`" if ran == {command} else
+             "Each study's command is beside it.") + f"\n\n{table(results)}\n")
     for k, v in results["comparisons"].items():
       f.write(f"- {k}: {v:+.3f}\n")
   plot(results, out_dir)
