@@ -273,14 +273,20 @@ class PartialGuess(text_games.GuessNumber):
 def test_host_reward_success_pays_the_outcome_alone(tmp_path, host_reward):
   cfg = _rl_only(f"{__name__}:PartialGuess", host_reward=host_reward)
   cfg.tasks.rewards.efficiency = 0.0
+  if host_reward == "success":
+    # An episode with a guess earns 0.05 or more, above the threshold: a
+    # success, paid rewards.outcome whatever the environment paid.
+    cfg.tasks.update(success_threshold=0.0)
+    cfg.tasks.rewards.outcome = 2.0
   _, records = _records(cfg, tmp_path)
   rl = [r for r in records if "reward/mean" in r]
   assert len(rl) == cfg.rl.iterations
   for r in rl:
-    if host_reward == "env":  # wrong guesses earn 0.05 each
-      assert r["reward/mean"] > r["reward/outcome"]
+    if host_reward == "env":  # wrong guesses earn 0.05 each, none succeeds
+      assert r["reward/mean"] > r["reward/outcome"] == 0.0
     else:
-      assert r["reward/mean"] == pytest.approx(r["reward/outcome"])
+      assert r["reward/mean"] == pytest.approx(2.0 * r["reward/outcome"])
+  assert any(r["reward/outcome"] > 0 for r in rl) == (host_reward == "success")
 
 
 def test_demo_noise_makes_mistakes_in_host_demonstrations(tmp_path, monkeypatch):
