@@ -71,7 +71,8 @@ def test_the_studies_settings():
   # its expert's noisy games, and pays RL for finding the number.
   gem = ablations.get_config("gem")
   assert (gem.tasks.source, gem.tasks.host_env) == ("host", "gem:game:GuessTheNumber-v0-easy")
-  assert (gem.sft.steps, gem.sft.demo_noise, gem.tasks.host_reward) == (30, 0.35, "success")
+  assert (gem.sft.steps, gem.sft.demo_noise, gem.tasks.host_reward, gem.rl.prompts_per_step) == (
+      30, 0.35, "success", 16)
   assert ablations.get_config("sft_gem").stages == ("sft",)
 
 

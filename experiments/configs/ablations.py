@@ -34,8 +34,7 @@ SFT checkpoint per seed, so they differ only in the ablated controller.
   success after SFT and after RL.
 
 Scale: 20 RL iterations of 16 prompts x 8 rollouts (the signal study: until
-2560 episodes; the host study: of 8 prompts x 8 rollouts), evaluation every
-5 iterations.
+2560 episodes), evaluation every 5 iterations.
 """
 
 from __future__ import annotations

@@ -348,13 +348,15 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # 1 - distance / 9 for a wrong last guess; RL is paid for finding it
     # alone (host_reward="success"). The game's rules take 367 tokens of the
     # prompt. Episodes are ~600 tokens (4x the built-in families'): smaller
-    # batches, the learner runs each group's rules once (rl.share_prefix),
-    # and RL steps at 5e-4 (1e-3 gained about half as much in 20 iterations).
+    # SFT batches, the learner runs each group's rules once
+    # (rl.share_prefix), and RL steps at 5e-4 (1e-3 gained about half as
+    # much in 20 iterations) on 16 prompts x 8 rollouts (8 prompts left one
+    # seed of three worse; docs/ablations/README.md, "Host").
     c.tasks.update(source="host", host_env="gem:game:GuessTheNumber-v0-easy",
                    success_threshold=0.9, host_reward="success")
     c.sampling.update(max_turns=4, max_new_tokens_per_turn=12, max_total_tokens=640)
     c.sft.update(steps=30, batch_size=16, num_demos=1024, pack=False)
-    c.rl.update(iterations=20, prompts_per_step=8, share_prefix=True, learning_rate=5e-4)
+    c.rl.update(iterations=20, prompts_per_step=16, share_prefix=True, learning_rate=5e-4)
     c.eval.update(every=5, num_prompts=64, pass_k_prompts=16)
   if "composed" in variants:
     # A synthesised family (experiments/tasks/composed.json, written by
