@@ -179,9 +179,8 @@ def _summarise(series: dict[str, list], sft: dict[str, float]) -> dict[str, floa
                          "sum": values.sum()}[how])
   out["sft_success"] = sft["eval/success"]
   out["gain"] = out["success"] - out["sft_success"]
-  if "success_sampled" in out:
-    out["sft_success_sampled"] = sft["eval/pass_at_1"]
-    out["gain_sampled"] = out["success_sampled"] - out["sft_success_sampled"]
+  out["sft_success_sampled"] = sft["eval/pass_at_1"]
+  out["gain_sampled"] = out["success_sampled"] - out["sft_success_sampled"]
   out["iterations"] = float(len(series.get("perf/step_s", [])))
   if out.get("rl_wall_s"):
     out["episodes_per_s"] = out["rollouts_total"] / out["rl_wall_s"]

@@ -33,9 +33,8 @@ after every module instead took 6% more test time in one run.
 import gc
 import os
 
-# Tests compile far more than they compute: XLA:CPU's backend at
-# optimisation level 0 compiles about 40% faster, and every test's programs
-# are small. Subprocess tests append their own flags to these.
+# Before jax is imported (see the docstring); subprocess tests append their
+# own flags to these.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                              + " --xla_backend_optimization_level=0").strip()
