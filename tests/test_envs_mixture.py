@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from agentic_rl import envs as E
-from agentic_rl.envs import scripted
+from agentic_rl.envs import scripted, tasks
 from agentic_rl.text import default_codec
 
 B = 64
@@ -102,3 +102,27 @@ def test_mixed_batch_dispatches_by_family(mix, codec, generate):
       mixed = row(jax.tree.map(lambda x: x[:, t], traj.outputs), b)
       np.testing.assert_array_equal(out.obs_A, mixed.obs_A[:member.max_obs_len])
       chex.assert_trees_all_equal(out.replace(obs_A=mixed.obs_A), mixed)
+
+
+def test_environments_built_alike_are_equal_and_share_compiled_programs(codec):
+  """Environments compare by value (jax.jit keys its static arguments by
+  hash and equality): a second build reuses the scripted rollout compiled
+  for the first; any difference in construction makes another program."""
+  build = lambda **kw: E.make_env("mixture", default_codec(), members=("calc_chain", "boxes"),
+                                  **kw)
+  a, b = build(), build()
+  assert a is not b and a == b and hash(a) == hash(b)
+  assert a.envs[1] == E.BoxesEnv(codec) != E.BoxesEnv(codec, max_turns=5)
+  assert E.BoxesEnv(codec) != E.BoxesEnv(codec, levels=(E.BoxLevel(4, 2),))
+  assert E.BoxesEnv(codec) != E.BoxesEnv(codec, rewards=E.RewardConfig(format=0.2))
+  assert a != build(weights=(2.0, 1.0)) and a != E.make_env(
+      "mixture", codec, members=("calc_chain", "multihop"))
+  keys = jax.random.split(jax.random.key(0), 8)
+  inst = tasks.generate(a, keys, 1)
+  first = scripted.batch_rollouts(a, inst, keys, 1, 0.2)
+  compiled = scripted._rollouts._cache_size()
+  second = scripted.batch_rollouts(b, inst, keys, 1, 0.2)
+  assert scripted._rollouts._cache_size() == compiled
+  chex.assert_trees_all_equal(first, second)
+  scripted.batch_rollouts(build(weights=(2.0, 1.0)), inst, keys, 1, 0.2)
+  assert scripted._rollouts._cache_size() == compiled + 1

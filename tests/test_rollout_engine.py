@@ -218,7 +218,7 @@ def test_engine_compiles_with_the_model_options():
   args = engine._check_inputs(np.ones((2, 3), np.int32), np.array([3, 2]),
                               None, None, None)
   hlo = engine._rollout_jit.lower(
-      model_lib.init_params(cfg, jax.random.key(0)), *args, jax.random.key(1),
+      engine, model_lib.init_params(cfg, jax.random.key(0)), *args, jax.random.key(1),
       jnp.int32(0), jnp.float32(1.0), prefill_len=3).compile().as_text()
   assert "ynn_fusion" not in hlo
 
@@ -317,6 +317,7 @@ def test_each_prompt_is_prefilled_once_with_the_rollouts_of_repeated_prompts(
 
   monkeypatch.setattr(model_lib, "prefill", spy)
   monkeypatch.setattr(model_lib, "decode_step", decode_spy)
+  jax.clear_caches()  # an equal engine may have traced these programs: trace again, spied
   prompts = [0, 1, 0, 1][:ROWS // group_size] if group_size < ROWS else [0]
   args, script = _rows(s, with_env, prompts)
   shared = _engine(s, with_env, group_size, shared_decode).rollout(
@@ -355,3 +356,22 @@ def test_prompt_group_size_is_the_gcd_of_the_runs():
   assert size([4, 9, 9, 4]) == 1
   assert size([7, 7, 7, 7]) == 4
   assert size([]) == 1
+
+
+def test_engines_built_alike_share_their_compiled_programs(setup):
+  """An engine is its jitted programs' static argument, equal to any engine
+  built with equal arguments (the environment by value): a run's second
+  engine, or the next run's, rolls out without compiling again."""
+  s = setup
+  engine = s["engine"]
+  again = rollout.RolloutEngine(s["config"], SAMPLING, s["codec"].ids,
+                                env=calc_chain_batch(P)["env"], batch_size=P * G,
+                                group_size=G)
+  assert again is not engine and again == engine and hash(again) == hash(engine)
+  assert engine != rollout.RolloutEngine(s["config"], SAMPLING, s["codec"].ids, env=s["env"],
+                                         batch_size=P * G, group_size=G, cache_segments=1)
+  args = (s["params"], s["prompts"], s["prompt_len"], s["instances"], jax.random.key(5), 0)
+  first = engine.rollout(*args)
+  compiled = engine._rollout_jit._cache_size()
+  chex.assert_trees_all_equal(again.rollout(*args), first)
+  assert again._rollout_jit._cache_size() == compiled

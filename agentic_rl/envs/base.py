@@ -27,12 +27,63 @@ Life of an episode (one row of a batch):
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Protocol
 
 import jax
+import numpy as np
 from flax import struct
 
 PyTree = Any
+
+
+class EqualByValue:
+  """Equality and hash by attribute values, for environments.
+
+  ``jax.jit`` keys a static argument by its hash and equality: two
+  environments built alike (each run builds its own) then share the
+  programs compiled for either, such as the scripted rollouts of the SFT
+  demonstrations. Arrays compare by contents, dataclasses by their fields,
+  the ``codec`` attribute by its framing ids (all that jitted environment
+  code reads of it; token tables are attributes of their own), any other
+  object by identity. Attributes must not change after construction: the
+  key is computed once.
+  """
+
+  def _value_key(self):
+    key = self.__dict__.get("_value_key_cache")
+    if key is None:
+      codec = self.__dict__.get("codec")
+      key = (type(self), None if codec is None else codec.ids,
+             _frozen({k: v for k, v in vars(self).items()
+                      if k not in ("codec", "_value_key_cache")}))
+      self.__dict__["_value_key_cache"] = key
+    return key
+
+  def __eq__(self, other):
+    return type(other) is type(self) and self._value_key() == other._value_key()
+
+  def __hash__(self):
+    return hash(self._value_key())
+
+
+def _frozen(value):
+  """A hashable stand-in for ``value`` that is equal exactly when it is."""
+  if isinstance(value, EqualByValue):
+    return value
+  if isinstance(value, (np.ndarray, jax.Array, np.generic)):
+    a = np.asarray(value)
+    return ("array", a.dtype.str, a.shape, a.tobytes())
+  if isinstance(value, dict):
+    return ("dict", tuple(sorted((k, _frozen(v)) for k, v in value.items())))
+  if isinstance(value, (list, tuple)):
+    return (type(value), tuple(_frozen(v) for v in value))
+  if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    return (type(value), tuple((f.name, _frozen(getattr(value, f.name)))
+                               for f in dataclasses.fields(value)))
+  if isinstance(value, (str, bytes, int, float, bool, type(None))):
+    return value
+  return ("object", id(value))  # anything else: equal only to itself
 
 
 @struct.dataclass

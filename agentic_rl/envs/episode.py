@@ -39,7 +39,7 @@ from flax import struct
 from agentic_rl.envs import rewards as rewards_lib
 from agentic_rl.envs import tokens as T
 from agentic_rl.envs import tools
-from agentic_rl.envs.base import StepOutput
+from agentic_rl.envs.base import EqualByValue, StepOutput
 from agentic_rl.text import codec as codec_lib
 from agentic_rl.text import tokenizer as tok_lib
 
@@ -157,7 +157,7 @@ def parse_answer(parsed: ParsedAction) -> tuple[jax.Array, jax.Array]:
   return a.numbers[0], ok
 
 
-class ToolEnv:
+class ToolEnv(EqualByValue):
   """Base of the tool-using task families (implements ``base.JaxEnv``).
 
   Built with ``tokenizer_or_codec=None``, an environment only generates

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from agentic_rl.envs.base import StepOutput
+from agentic_rl.envs.base import EqualByValue, StepOutput
 
 PyTree = Any
 
@@ -61,7 +61,7 @@ def _pad_to(x: jax.Array, size: int, pad: int) -> jax.Array:
   return jnp.concatenate([x, jnp.full((size - x.shape[-1],), pad, x.dtype)], axis=-1)
 
 
-class MixtureEnv:
+class MixtureEnv(EqualByValue):
   """Dispatches to member environments by a per-episode family index."""
 
   name = "mixture"

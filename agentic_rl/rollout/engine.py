@@ -164,10 +164,26 @@ class RolloutEngine:
                          f"{shards} row shards of row_sharding ({axes})")
     options = model_lib.compiler_options(
         None if row_sharding is None else row_sharding.mesh)
-    jit = functools.partial(jax.jit, compiler_options=options)
-    self._rollout_jit = jit(self._rollout, static_argnames=("prefill_len", "shared_len"))
-    self._init_jit = jit(self._init_state)
-    self._advance_jit = jit(self._advance, static_argnames="prefill_len")
+    options = tuple(sorted(options.items())) if options else None
+    # The engine is their static first argument: engines built alike share
+    # what either compiled (see __eq__).
+    self._rollout_jit = _jitted("_rollout", options)
+    self._init_jit = _jitted("_init_state", options)
+    self._advance_jit = _jitted("_advance", options)
+
+  def _config(self) -> tuple:
+    return (self.model_config, self.sampling, self.ids, self.env, self.batch_size,
+            self.group_size, self.cache_segments, self.row_sharding,
+            self.decode_shared_prefix)
+
+  def __eq__(self, other):
+    """Engines are equal when built with equal arguments (environments
+    compare by value), so each run's and each evaluation's engine reuses
+    the programs an equal one compiled."""
+    return type(other) is type(self) and self._config() == other._config()
+
+  def __hash__(self):
+    return hash(self._config())
 
   # ------------------------------------------------------------- public API
   @property
@@ -212,7 +228,7 @@ class RolloutEngine:
     """
     args = self._check_inputs(prompts_PxL, prompt_len_P, instances_P,
                               script_PxS, script_len_P)
-    return self._rollout_jit(params, *args, check_key(key),
+    return self._rollout_jit(self, params, *args, check_key(key),
                              check_version(version), self._temperature(temperature),
                              prefill_len=int(np.shape(prompts_PxL)[1]),
                              shared_len=self._shared_len(args[1]))
@@ -222,7 +238,7 @@ class RolloutEngine:
     """Fresh episodes (prompts written, environments reset), not yet run."""
     args = self._check_inputs(prompts_PxL, prompt_len_P, instances_P,
                               script_PxS, script_len_P)
-    return self._init_jit(*args, check_key(key))
+    return self._init_jit(self, *args, check_key(key))
 
   def resume(self, params, state: RolloutState, version, *,
              max_steps: int | None = None,
@@ -240,7 +256,7 @@ class RolloutEngine:
     steps = self.max_len if max_steps is None else max_steps
     longest = int(np.max(np.asarray(state.cur_B))) + 1
     prefill_len = min(self.max_len, 1 << max(longest - 1, 1).bit_length())
-    return self._advance_jit(params, state, check_version(version),
+    return self._advance_jit(self, params, state, check_version(version),
                              jnp.int32(steps), self._temperature(temperature),
                              prefill_len=prefill_len)
 
@@ -474,6 +490,19 @@ class RolloutEngine:
         queue_BxQ=jnp.where(cont[:, None], framed_BxQ, state.queue_BxQ),
         queue_len_B=jnp.where(cont, framed_len, state.queue_len_B),
         queue_pos_B=jnp.where(cont, 0, state.queue_pos_B))
+
+
+_STATIC_ARGNAMES = {"_rollout": ("prefill_len", "shared_len"), "_init_state": (),
+                    "_advance": ("prefill_len",)}
+
+
+@functools.cache
+def _jitted(method: str, options: tuple | None):
+  """``jax.jit`` of the engine's ``method`` with the engine as static argument
+  0, one per set of compiler options (``model.compiler_options``)."""
+  return jax.jit(getattr(RolloutEngine, method), static_argnums=0,
+                 static_argnames=_STATIC_ARGNAMES[method],
+                 compiler_options=dict(options) if options else None)
 
 
 def prompt_group_size(ids_B) -> int:
