@@ -116,6 +116,9 @@ class JaxEnv(Protocol):
 
   ``max_turns`` is the number of actions after which the episode is
   truncated; ``codec`` is the conversation codec its token ids belong to.
+  An environment is a static argument of the rollout programs: one that
+  subclasses :class:`EqualByValue` shares them with any environment built
+  alike, any other compares by identity (its programs compile per run).
   """
 
   name: str
