@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
+import re
 
 import jax
 
@@ -128,6 +129,18 @@ def _kwargs_of(stage, key: str, name: str) -> dict:
   """The hyper-parameters ``stage[key][name]`` (empty when absent)."""
   table = stage.get(key) or {}
   return dict(table.get(name) or {})
+
+
+def _where_to_set(name: str, stage, message: str) -> str:
+  """Where the command line sets the hyper-parameters of the estimator, loss
+  or correction whose error ``message`` (``"<its name>: ..."``) reports."""
+  words = set(re.findall(r"\w+", message))
+  for key, (field, _) in KEYED_KWARGS.items():
+    chosen = stage.get(field)
+    if chosen and chosen != "none" and message.startswith(f"{chosen}:"):
+      named = [k for k in _kwargs_of(stage, key, chosen) if k in words] or ["<name>"]
+      return " (" + ", ".join(f"--config.{name}.{key}.{chosen}.{k}" for k in named) + ")"
+  return ""
 
 
 def objective_config(stage) -> objectives.ObjectiveConfig:
@@ -611,7 +624,7 @@ def _validate(cfg) -> None:
       except ValueError as e:
         if str(e).startswith("config."):
           raise
-        _err(f"config.{name}: {e}")
+        _err(f"config.{name}: {e}{_where_to_set(name, stage, str(e))}")
       rows = stage.prompts_per_step * stage.group_size
     if rows % cfg.micro_batches:
       _err(f"config.{name}: a batch of {rows} rows does not split into "
