@@ -83,6 +83,38 @@ class FlakyGuess(text_games.GuessNumber):
     return obs, reward, done
 
 
+class LongWelcome(text_games.GuessNumber):
+  """The example game whose first observation outgrows the tiny context
+  (160 tokens) on every seed, or with ``only_odd`` on odd seeds only."""
+
+  def __init__(self, only_odd=False, **kwargs):
+    super().__init__(**kwargs)
+    self.only_odd = only_odd
+
+  def reset(self, seed):
+    obs = super().reset(seed)
+    return obs + " Welcome!" * 200 if seed % 2 or not self.only_odd else obs
+
+
+@pytest.mark.parametrize("only_odd", [False, True])
+def test_first_observations_that_leave_no_room_to_act_are_refused(only_odd, tmp_path):
+  cfg = _host_cfg(host_env=f"{__name__}:LongWelcome", stages=("rl",))
+  cfg.tasks.host_kwargs = '{"only_odd": %s}' % str(only_odd).lower()
+  cfg.rl.update(iterations=1, prompts_per_step=4, group_size=2)
+  cfg.rl.signal.allocation = "uniform"
+  if not only_odd:
+    with pytest.raises(ValueError, match=r"first prompts of up to \d+ tokens .* leave no room "
+                       r"in max_total_tokens=160; raise --config\.sampling\.max_total_tokens"):
+      loop.train(cfg, str(tmp_path))
+    return
+  # Where some episodes can act, those that cannot end as overflows and the
+  # rest play.
+  summary, records = _records(cfg, tmp_path)
+  assert summary["steps"] == 1
+  assert 0 < records[0]["episode/obs_overflow"] < records[0]["signal/rollouts"] == 8
+  assert records[0]["episode/turns"] > 0
+
+
 def test_broken_environments_cost_only_their_own_episodes(tmp_path):
   cfg = _host_cfg(host_env=f"{__name__}:FlakyGuess", stages=("rl",))
   cfg.tasks.update(env_timeout_s=0.3, env_workers=8, train_size=64)

@@ -174,6 +174,8 @@ class HostLoop:
                        f"an observation may be (max_obs_tokens={max_obs_tokens}); shorten "
                        "context.summary_request or raise max_obs_tokens")
     self._blank = None
+    # The longest first prompt (tokens) that did not fit in max_total_tokens.
+    self.longest_unfit_prompt = 0
     options = model_lib.compiler_options()
     self._prefill = jax.jit(self._prefill_impl, donate_argnums=(3,),
                             compiler_options=options)
@@ -422,6 +424,7 @@ class HostLoop:
     T = self.sampling.max_total_tokens
     if len(prompt) >= T:  # no room to act: the episode ends before it starts
       status = _STATUS["obs_overflow"]
+      self.longest_unfit_prompt = max(self.longest_unfit_prompt, len(prompt))
       prompt = self.codec.encode_prompt(self._prompt_messages(""), tools=tools, escape=True)
       if len(prompt) >= T:
         raise ValueError(f"a prompt of {len(prompt)} tokens (the system prompt and "

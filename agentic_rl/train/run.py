@@ -170,6 +170,14 @@ class Run:
                   stale=(lambda tag, oldest: oldest < latest[0]) if restart else None)
     for b in np.flatnonzero(np.asarray(ro.status_B) == EPISODE_STATUS.index("env_timeout")):
       envs[b] = self.tasks.replace(envs[b])
+    overflow = EPISODE_STATUS.index("obs_overflow")
+    if np.all(np.asarray(ro.status_B) == overflow) and not np.any(policy_tokens(ro)):
+      raise ValueError(
+          f"host_env={self.cfg.tasks.host_env!r}: no episode of a batch could act: first "
+          f"prompts of up to {loop.longest_unfit_prompt} tokens (the environment's first "
+          f"observation in the chat template) leave no room in "
+          f"max_total_tokens={self.cfg.sampling.max_total_tokens}; raise "
+          f"--config.sampling.max_total_tokens")
     return self.with_outcome(ro)
 
   def with_outcome(self, ro: Rollout) -> Rollout:
