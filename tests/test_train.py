@@ -151,6 +151,8 @@ def test_resume_gives_the_same_metrics(straight, tmp_path):
      r"k must be .* \(--config\.rl\.advantage_kwargs\.pass_at_k\.k\)"),
     (lambda c: (setattr(c.rl, "correction", "tis"), c.rl.correction_kwargs.tis.update(cap=0.0)),
      r"cap C must be > 0, got 0.0 \(--config\.rl\.correction_kwargs\.tis\.cap\)"),
+    (lambda c: (c.rl.update(advantage="kimi", loss="kimi"), c.rl.loss_kwargs.kimi.update(tau=-1.0)),
+     r"kimi: tau must be >= 0, got -1.0 \(--config\.rl\.loss_kwargs\.kimi\.tau\)$"),
     (lambda c: setattr(c.rl, "optimizer", "mirror_descent"), "loss=kimi"),
     (lambda c: setattr(c.rl, "kl_estimator", "k4"), "k4"),
     (lambda c: c.rl.shift.update(partial_rollout="mask"), "actor=async"),

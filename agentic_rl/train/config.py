@@ -135,12 +135,16 @@ def _where_to_set(name: str, stage, message: str) -> str:
   """Where the command line sets the hyper-parameters of the estimator, loss
   or correction whose error ``message`` (``"<its name>: ..."``) reports."""
   words = set(re.findall(r"\w+", message))
+  flags = []  # (names a hyper-parameter of the message, its flags)
   for key, (field, _) in KEYED_KWARGS.items():
     chosen = stage.get(field)
     if chosen and chosen != "none" and message.startswith(f"{chosen}:"):
-      named = [k for k in _kwargs_of(stage, key, chosen) if k in words] or ["<name>"]
-      return " (" + ", ".join(f"--config.{name}.{key}.{chosen}.{k}" for k in named) + ")"
-  return ""
+      named = [k for k in _kwargs_of(stage, key, chosen) if k in words]
+      flags.append((bool(named), [f"--config.{name}.{key}.{chosen}.{k}"
+                                  for k in named or ["<name>"]]))
+  # An estimator and a loss may share a name (kimi): the one whose
+  # hyper-parameter the message names.
+  return f" ({', '.join(max(flags, key=lambda f: f[0])[1])})" if flags else ""
 
 
 def objective_config(stage) -> objectives.ObjectiveConfig:
