@@ -30,6 +30,10 @@ def test_task_pool_levels_cycle_and_match_single_level_generation(mixture):
       np.testing.assert_array_equal(np.asarray(got_leaf)[rows], want_leaf)
   prompts, lens = tasks.prompts(mixed)
   assert prompts.shape == (4, 80) and (lens > 0).all() and (lens <= 80).all()
+  short = envs.Tasks(mixture, seed=0, difficulty=(0, 2), prompt_len=int(lens.max()) - 1)
+  with pytest.raises(tasks_lib.PromptTooLong, match=f"prompt of {lens.max()} tokens") as e:
+    short.prompts(mixed)
+  assert (e.value.length, e.value.limit) == (lens.max(), lens.max() - 1)
 
 
 def test_demonstration_batch_is_the_scripted_streams_with_action_masks(mixture):

@@ -192,6 +192,15 @@ def test_bad_configs_fail_before_compiling(edit, match):
     config_lib.validate(cfg)
 
 
+def test_a_context_too_short_for_the_task_prompts_is_refused_with_the_size_it_needs(tmp_path):
+  cfg = default.get_config("tiny")
+  cfg.sampling.max_total_tokens = 64
+  with pytest.raises(ValueError, match=r"max_total_tokens=64: task prompts take up to (\d+) "
+                     r"tokens .* half the context \(32\); raise .* to at least"):
+    loop.train(cfg, str(tmp_path))
+  assert not os.path.exists(tmp_path / "checkpoints")
+
+
 def test_misspelt_override_lists_valid_keys():
   out = subprocess.run(
       [sys.executable, "-m", "experiments.train",

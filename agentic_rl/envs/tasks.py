@@ -67,12 +67,23 @@ def generate_levels(env, keys_N: jax.Array, levels_N: np.ndarray):
   return jax.tree.map(lambda *xs: jnp.concatenate(xs)[inverse], *parts)
 
 
+class PromptTooLong(ValueError):
+  """A task prompt of ``length`` tokens is longer than ``limit``."""
+
+  def __init__(self, length: int, limit: int):
+    super().__init__(f"a task prompt of {length} tokens is longer than prompt_len={limit}")
+    self.length, self.limit = length, limit
+
+
 def encode_prompts(env, instances, prompt_len: int) -> tuple[np.ndarray, np.ndarray]:
-  """``(prompts_NxL, prompt_len_N)`` for a batch of instances of ``env``."""
+  """``(prompts_NxL, prompt_len_N)`` for a batch of instances of ``env``;
+  raises :class:`PromptTooLong` when one is longer than ``prompt_len``."""
   instances = jax.tree.map(np.asarray, instances)
   n = jax.tree.leaves(instances)[0].shape[0]
   codec = env.codec
   rows = [codec.encode_prompt(prompts_lib.prompt_messages(
       env, jax.tree.map(lambda x, i=i: x[i], instances))) for i in range(n)]
-  return (codec_lib.pad_batch(rows, prompt_len, codec.ids.pad),
-          np.array([len(r) for r in rows], np.int32))
+  lens = np.array([len(r) for r in rows], np.int32)
+  if lens.max(initial=0) > prompt_len:
+    raise PromptTooLong(int(lens.max()), prompt_len)
+  return codec_lib.pad_batch(rows, prompt_len, codec.ids.pad), lens

@@ -30,7 +30,7 @@ from agentic_rl.envs import host as host_lib
 from agentic_rl.envs import rewards as rewards_lib
 from agentic_rl.envs import scripted, synthesis
 from agentic_rl.envs.host import HostTasks
-from agentic_rl.envs.tasks import Tasks
+from agentic_rl.envs.tasks import PromptTooLong, Tasks
 from agentic_rl.invariants import exploration
 from agentic_rl.rollout.context import policy_tokens, scored_rows
 from agentic_rl.rollout.engine import RolloutEngine, prompt_group_size
@@ -308,8 +308,18 @@ def build(cfg) -> Run:
       "mixture", codec, members=tuple(cfg.tasks.families),
       weights=tuple(cfg.tasks.weights), member_kwargs=member_kwargs,
       rewards=envs_lib.RewardConfig(**cfg.tasks.rewards))
-  tasks = Tasks(env, seed=cfg.seed, difficulty=cfg.tasks.difficulty,
-                prompt_len=cfg.sampling.max_total_tokens // 2)
+  T = cfg.sampling.max_total_tokens
+  tasks = Tasks(env, seed=cfg.seed, difficulty=cfg.tasks.difficulty, prompt_len=T // 2)
+  # Before anything compiles: a batch of evaluation's shape from each split
+  # (longer prompts later still raise PromptTooLong).
+  try:
+    for split, size in (("train", cfg.tasks.train_size), ("test", cfg.tasks.test_size)):
+      tasks.prompts(tasks.instances(split, np.resize(np.arange(size), cfg.eval.batch_rows)))
+  except PromptTooLong as e:
+    raise ValueError(
+        f"config.sampling.max_total_tokens={T}: task prompts take up to {e.length} tokens "
+        f"and a prompt may fill half the context ({T // 2}); raise "
+        f"--config.sampling.max_total_tokens to at least {2 * e.length}") from None
   return Run(cfg, codec, env, tasks, model_config, mesh, hooks=hooks)
 
 
