@@ -127,7 +127,7 @@ def demonstrations(env, instances: PyTree, key: jax.Array, *, strategy=0,
 
 
 def demonstration_batch(tasks: tasks_lib.Tasks, num_demos: int, key: jax.Array, *,
-                        noise: float, max_len: int,
+                        noise: float, max_len: int, max_action_len: int | None = None,
                         strategy_weights: dict[str, tuple[float, ...]] | None = None,
                         ) -> dict[str, np.ndarray]:
   """Scripted demonstrations of ``tasks``' environment as token streams with
@@ -140,8 +140,9 @@ def demonstration_batch(tasks: tasks_lib.Tasks, num_demos: int, key: jax.Array, 
   ``member.strategies``) and ``noise`` (wrong steps, early answers), so a
   policy trained on them is competent but imperfect. A demonstration is exactly the stream the rollout engine would
   record for the scripted actions: prompt (mask 0), actions (mask 1) and
-  framed observations (mask 0); streams longer than ``max_len`` are left
-  out. Instances come from ``key``'s own stream, at the pool's difficulty
+  framed observations (mask 0); streams longer than ``max_len``, or with an
+  action longer than ``max_action_len`` (the policy's tokens per turn; None:
+  the environment's), are left out: the engine could not record them. Instances come from ``key``'s own stream, at the pool's difficulty
   levels (``tasks.difficulty_of``).
   """
   env = tasks.env
@@ -177,10 +178,12 @@ def demonstration_batch(tasks: tasks_lib.Tasks, num_demos: int, key: jax.Array, 
           seg_ids += [traj.actions[i, t, :n_act], framed[i, t, :n_obs]]
           seg_mask += [np.ones(n_act, np.float32), np.zeros(n_obs, np.float32)]
         row = np.concatenate(seg_ids)
-        if len(row) <= max_len:
+        longest_action = traj.action_lens[i][traj.live[i]].max(initial=0)
+        if len(row) <= max_len and (max_action_len is None or longest_action <= max_action_len):
           rows.append(row)
           masks.append(np.concatenate(seg_mask))
   if not rows:
-    raise ValueError(f"no demonstration fits in max_len={max_len}")
+    limit = "" if max_action_len is None else f" with actions of at most {max_action_len} tokens"
+    raise ValueError(f"no demonstration fits in max_len={max_len}{limit}")
   return {"tokens_BxT": codec_lib.pad_batch(rows, max_len, ids.pad),
           "loss_mask_BxT": codec_lib.pad_batch(masks, max_len, 0.0)}

@@ -253,6 +253,7 @@ class Run:
     if not self.host:
       return scripted.demonstration_batch(
           self.tasks, stage.num_demos, key, noise=stage.demo_noise, max_len=T,
+          max_action_len=self.cfg.sampling.max_new_tokens_per_turn,
           strategy_weights=config_lib.strategy_weights(stage))
     rows = min(stage.num_demos, self.cfg.eval.batch_rows)
     sampling = config_lib.sampling_config(self.cfg, greedy=True)
