@@ -60,7 +60,7 @@ def test_drawn_option_combinations_train_or_are_refused_up_front(choice, tmp_pat
   cfg.rl.advantage_kwargs.pass_at_k.k = 2
   for key, value in choice.items():
     _set(cfg, key, value)
-  # Pairs refused by design (each refusal is tested in test_train.py): made
+  # Pairs refused by design (test_train.py, test_train_options.py): made
   # valid here so that most draws train.
   if cfg.rl.signal.allocation == "knapsack":
     cfg.rl.share_prefix = False

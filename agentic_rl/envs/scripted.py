@@ -138,12 +138,14 @@ def demonstration_batch(tasks: tasks_lib.Tasks, num_demos: int, key: jax.Array, 
   ``num_demos`` in all), with its scripted strategies in equal shares (or in
   the shares ``strategy_weights[member.name]`` gives, one weight per entry of
   ``member.strategies``) and ``noise`` (wrong steps, early answers), so a
-  policy trained on them is competent but imperfect. A demonstration is exactly the stream the rollout engine would
-  record for the scripted actions: prompt (mask 0), actions (mask 1) and
-  framed observations (mask 0); streams longer than ``max_len``, or with an
-  action longer than ``max_action_len`` (the policy's tokens per turn; None:
-  the environment's), are left out: the engine could not record them. Instances come from ``key``'s own stream, at the pool's difficulty
-  levels (``tasks.difficulty_of``).
+  policy trained on them is competent but imperfect. A demonstration is
+  exactly the stream the rollout engine would record for the scripted
+  actions: prompt (mask 0), actions (mask 1) and framed observations (mask
+  0); streams longer than ``max_len``, or with an action longer than
+  ``max_action_len`` (the policy's tokens per turn; None: the
+  environment's), are left out: the engine could not record them. Instances
+  come from ``key``'s own stream, at the pool's difficulty levels
+  (``tasks.difficulty_of``).
   """
   env = tasks.env
   ids = env.codec.ids

@@ -311,8 +311,8 @@ def build(cfg) -> Run:
       rewards=envs_lib.RewardConfig(**cfg.tasks.rewards))
   T = cfg.sampling.max_total_tokens
   tasks = Tasks(env, seed=cfg.seed, difficulty=cfg.tasks.difficulty, prompt_len=T // 2)
-  # Before anything compiles: a batch of evaluation's shape from each split
-  # (longer prompts later still raise PromptTooLong).
+  # Before the model compiles: a batch of evaluation's shape from each split
+  # (a longer prompt drawn later still raises PromptTooLong).
   try:
     for split, size in (("train", cfg.tasks.train_size), ("test", cfg.tasks.test_size)):
       tasks.prompts(tasks.instances(split, np.resize(np.arange(size), cfg.eval.batch_rows)))
