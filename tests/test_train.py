@@ -259,6 +259,23 @@ def test_rollout_budget_ends_the_stage_at_equal_sampling_cost(tmp_path):
     config_lib.validate(cfg)
 
 
+def test_sft_demonstrations_keep_to_the_policys_tokens_per_turn():
+  """The SFT stage imitates only demonstrations whose every action fits in
+  ``sampling.max_new_tokens_per_turn``: the rollout could never finish a
+  longer one."""
+  def longest_action(mask_NxT):
+    edges = np.diff(np.pad(mask_NxT, ((0, 0), (1, 1))), axis=1)
+    return max(int((np.flatnonzero(e == -1) - np.flatnonzero(e == 1)).max()) for e in edges)
+
+  cfg = default.get_config("tiny")
+  demos = run_lib.build(cfg).demonstrations(None, cfg.sft, jax.random.key(0))
+  limit = longest_action(demos["loss_mask_BxT"]) - 2
+  cfg.sampling.max_new_tokens_per_turn = limit
+  short = run_lib.build(cfg).demonstrations(None, cfg.sft, jax.random.key(0))
+  assert longest_action(short["loss_mask_BxT"]) <= limit
+  assert 0 < len(short["tokens_BxT"]) < len(demos["tokens_BxT"])
+
+
 def test_evaluation_decodes_greedily_and_samples_with_one_compiled_engine():
   """Greedy decoding and the pass@k samples run one program (temperature 0
   is greedy), and its greedy episodes are a greedy engine's."""
