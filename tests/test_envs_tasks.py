@@ -102,3 +102,9 @@ def test_demonstration_batch_refuses_a_budget_nothing_fits_in(mixture):
   tasks = envs.Tasks(mixture, seed=0, difficulty=0, prompt_len=400)
   with pytest.raises(ValueError, match=f"no demonstration fits in max_len={longest + 8}"):
     envs.demonstration_batch(tasks, 4, jax.random.key(0), noise=0.0, max_len=longest + 8)
+  # Too few demonstrations for any family to get one (each plays round(n * w)).
+  even = envs.make_env("mixture", default_codec(), members=("calc_chain", "multihop", "boxes"),
+                       weights=(1 / 3, 1 / 3, 1 / 3))
+  with pytest.raises(ValueError, match="num_demos=1 gives no task family a demonstration"):
+    envs.demonstration_batch(envs.Tasks(even, seed=0, difficulty=0, prompt_len=400), 1,
+                             jax.random.key(0), noise=0.0, max_len=400)

@@ -149,7 +149,7 @@ def demonstration_batch(tasks: tasks_lib.Tasks, num_demos: int, key: jax.Array, 
   """
   env = tasks.env
   ids = env.codec.ids
-  rows, masks = [], []
+  rows, masks, played = [], [], 0
   members = getattr(env, "envs", (env,))
   weights = getattr(env, "weights", (1.0,))
   strategy_weights = strategy_weights or {}
@@ -165,6 +165,7 @@ def demonstration_batch(tasks: tasks_lib.Tasks, num_demos: int, key: jax.Array, 
       per_strategy = int(np.ceil(round(num_demos * w) * shares[s] - 1e-9))
       if not per_strategy:
         continue
+      played += per_strategy
       k_inst, k_play = jax.random.split(jax.random.fold_in(jax.random.fold_in(key, f), s))
       inst = tasks_lib.generate_levels(member, jax.random.split(k_inst, per_strategy),
                                        tasks.difficulty_of(np.arange(per_strategy)))
@@ -184,6 +185,9 @@ def demonstration_batch(tasks: tasks_lib.Tasks, num_demos: int, key: jax.Array, 
         if len(row) <= max_len and (max_action_len is None or longest_action <= max_action_len):
           rows.append(row)
           masks.append(np.concatenate(seg_mask))
+  if not played:
+    raise ValueError(f"num_demos={num_demos} gives no task family a demonstration (a family "
+                     f"plays round(num_demos * its weight)); raise num_demos")
   if not rows:
     limit = "" if max_action_len is None else f" with actions of at most {max_action_len} tokens"
     raise ValueError(f"no demonstration fits in max_len={max_len}{limit}")
