@@ -51,8 +51,9 @@ def one_device(tmp_path_factory):
   return workdir
 
 
-def _run_layouts(tmp_path, devices, layouts):
-  out = subprocess.run([sys.executable, _WORKER, str(tmp_path), *layouts], env=_env(devices),
+def _run_layouts(tmp_path, devices, layouts, *flags):
+  out = subprocess.run([sys.executable, _WORKER, str(tmp_path), *layouts, *flags],
+                       env=_env(devices),
                        capture_output=True, text=True, timeout=900, cwd=ROOT)
   assert out.returncode == 0, out.stderr[-3000:]
   return json.loads(out.stdout.strip().splitlines()[-1])
@@ -67,6 +68,15 @@ def _run_layouts(tmp_path, devices, layouts):
 ])
 def test_trainer_on_simulated_devices_matches_one_device(devices, layouts, one_device, tmp_path):
   for workdir in _run_layouts(tmp_path, devices, layouts):
+    _assert_same_metrics(workdir, one_device)
+
+
+def test_a_run_resumed_inside_rl_on_two_devices_matches_one_device(one_device, tmp_path):
+  """Stopped in the RL stage and resumed from its checkpoint on a mesh: the
+  restored state (the PRNG key, the stale actor's parameters) runs beside the
+  sharded parameters, and the metrics are the uninterrupted run's."""
+  stop = train_devices.config().sft.steps + 1
+  for workdir in _run_layouts(tmp_path, 2, ("data=2",), f"--stop_after={stop}"):
     _assert_same_metrics(workdir, one_device)
 
 

@@ -1,11 +1,13 @@
 """Subprocess worker: the whole trainer on a mesh of simulated CPU devices.
 
   XLA_FLAGS=--xla_force_host_platform_device_count=4 \
-      python tests/train_devices.py WORKDIR data=2,fsdp=2 [tensor=2 ...] [--teacher DIR]
+      python tests/train_devices.py WORKDIR data=2,fsdp=2 [tensor=2 ...] [--teacher DIR] \
+      [--stop_after N]
 
 Runs ``loop.train`` on :func:`config` once per mesh layout (each a
 comma-separated ``axis=size`` list) into ``WORKDIR/<layout>``, and prints the
-workdirs as one JSON line. With ``--processes N --process_id I --port P`` it
+workdirs as one JSON line; with ``--stop_after N`` each run stops after N
+steps and is resumed from its checkpoint. With ``--processes N --process_id I --port P`` it
 joins a multi-process run on loopback first (every process passes the same
 layouts and workdir).
 """
@@ -52,6 +54,8 @@ def main():
   parser.add_argument("--process_id", type=int, default=0)
   parser.add_argument("--port", type=int, default=0)
   parser.add_argument("--teacher", default="", help="distill from this run directory")
+  parser.add_argument("--stop_after", type=int, default=0,
+                      help="stop each run after this many steps, then resume it")
   args = parser.parse_args()
   if args.processes > 1:
     distributed.maybe_initialize(f"127.0.0.1:{args.port}", args.processes, args.process_id)
@@ -59,7 +63,10 @@ def main():
   workdirs = []
   for layout in args.layouts:
     workdirs.append(os.path.join(args.workdir, layout.replace(",", "_")))
-    loop.train(config(args.teacher, **parse_layout(layout)), workdirs[-1])
+    cfg = config(args.teacher, **parse_layout(layout))
+    if args.stop_after:
+      loop.train(cfg, workdirs[-1], stop_after=args.stop_after)
+    loop.train(cfg, workdirs[-1])
   print(json.dumps(workdirs))
 
 

@@ -108,6 +108,16 @@ def _to_restore_target(x: Any) -> Any:
   return x
 
 
+def _uncommitted(x: Any) -> Any:
+  """``x`` as a freshly made array: restored without a target, orbax
+  commits every array to the default device, and a computation on a mesh
+  refuses a committed single-device argument beside sharded ones (the run's
+  restored PRNG key beside its parameters)."""
+  if isinstance(x, jax.Array) and x.is_fully_addressable and len(x.sharding.device_set) == 1:
+    return jax.device_put(np.asarray(x))
+  return x
+
+
 def _like_target(target_leaf: Any, value: Any) -> Any:
   """Give a restored leaf the Python / numpy type of its target leaf."""
   if isinstance(target_leaf, np.generic):
@@ -374,8 +384,9 @@ class Checkpointer:
         across the current mesh).  With it the result has exactly the
         target's tree types, dtypes, shardings and leaf types.  Without it
         orbax's saved structure comes back (namedtuples and tuples as dicts
-        and lists, arrays on the default device); typed keys are re-typed
-        either way.
+        and lists, arrays on the default device and uncommitted, as freshly
+        made ones, so a computation on a mesh takes them); typed keys are
+        re-typed either way.
 
     Returns:
       ``(state, meta)``.
@@ -403,6 +414,8 @@ class Checkpointer:
              restored.typed_keys["typed_keys"]}
 
     def retype(path, value):
+      if target is None:
+        value = _uncommitted(value)
       impl = impls.get(_path_names(path))
       return value if impl is None else jax.random.wrap_key_data(
           value, impl=impl)
