@@ -155,6 +155,8 @@ def test_resume_gives_the_same_metrics(straight, tmp_path):
      r"kimi: tau must be >= 0, got -1.0 \(--config\.rl\.loss_kwargs\.kimi\.tau\)$"),
     (lambda c: setattr(c.rl, "optimizer", "mirror_descent"), "loss=kimi"),
     (lambda c: setattr(c.rl, "kl_estimator", "k4"), "k4"),
+    (lambda c: c.sft.update(schedule="warmup_cosine", steps=5, warmup_steps=10),
+     r"warmup_cosine needs config\.sft\.steps > warmup_steps \(10\), got 5"),
     (lambda c: c.sft.update(num_demos=7, batch_size=8),
      r"config\.sft\.num_demos=7 demonstrations cannot fill a batch of config\.sft\.batch_size=8"),
     (lambda c: c.rl.shift.update(partial_rollout="mask"), "actor=async"),

@@ -605,11 +605,12 @@ def _validate(cfg) -> None:
   for name in cfg.stages:
     stage = cfg[name]
     _validate_families(name, stage, cfg)
+    length = "steps" if stage.kind == "sft" else "iterations"
     try:
-      objectives.validate_optimizer_config(optimizer_config(
-          stage, stage.steps if stage.kind == "sft" else stage.iterations))
+      objectives.validate_optimizer_config(optimizer_config(stage, stage[length]))
     except ValueError as e:
-      _err(f"config.{name}: {e}")
+      # The schedule's total_steps is the stage's length.
+      _err(f"config.{name}: {str(e).replace('total_steps', f'config.{name}.{length}')}")
     if stage.kind == "sft":
       _check_positive(f"config.{name}.steps", stage.steps)
       if not 0.0 <= stage.demo_noise <= 1.0:
