@@ -7,9 +7,9 @@
 Runs ``loop.train`` on :func:`config` once per mesh layout (each a
 comma-separated ``axis=size`` list) into ``WORKDIR/<layout>``, and prints the
 workdirs as one JSON line; with ``--stop_after N`` each run stops after N
-steps and is resumed from its checkpoint. With ``--processes N --process_id I --port P`` it
-joins a multi-process run on loopback first (every process passes the same
-layouts and workdir).
+steps and is resumed from its checkpoint. With ``--processes N --process_id
+I --port P`` it joins a multi-process run on loopback first (every process
+passes the same layouts and workdir).
 """
 
 import argparse
