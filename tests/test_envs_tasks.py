@@ -10,6 +10,7 @@ from agentic_rl import envs
 from agentic_rl.envs import scripted
 from agentic_rl.envs import tasks as tasks_lib
 from agentic_rl.text import default_codec
+from loss_masks import longest_action
 
 
 @pytest.fixture(scope="module")
@@ -71,17 +72,11 @@ def test_demonstration_batch_is_the_scripted_streams_with_action_masks(mixture):
   assert [msg.role for msg in messages][:2] == ["system", "user"]
 
 
-def _action_runs(mask_T):
-  """Lengths of the runs of 1s in a loss mask: the actions of a stream."""
-  edges = np.diff(np.concatenate([[0], mask_T, [0]]))
-  return np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)
-
-
 def test_demonstrations_with_actions_longer_than_a_turn_allows_are_left_out(mixture):
   tasks = envs.Tasks(mixture, seed=0, difficulty=0, prompt_len=200)
   key = jax.random.key(3)
   every = envs.demonstration_batch(tasks, 32, key, noise=0.0, max_len=200)
-  longest = max(_action_runs(m).max() for m in every["loss_mask_BxT"])
+  longest = longest_action(every["loss_mask_BxT"])
   same = envs.demonstration_batch(tasks, 32, key, noise=0.0, max_len=200,
                                   max_action_len=int(longest))
   chex.assert_trees_all_equal(same, every)
@@ -89,7 +84,7 @@ def test_demonstrations_with_actions_longer_than_a_turn_allows_are_left_out(mixt
   short = envs.demonstration_batch(tasks, 32, key, noise=0.0, max_len=200,
                                    max_action_len=limit)
   assert 0 < len(short["tokens_BxT"]) < len(every["tokens_BxT"])
-  assert max(_action_runs(m).max() for m in short["loss_mask_BxT"]) <= limit
+  assert longest_action(short["loss_mask_BxT"]) <= limit
   with pytest.raises(ValueError, match="with actions of at most 2 tokens"):
     envs.demonstration_batch(tasks, 32, key, noise=0.0, max_len=200, max_action_len=2)
 

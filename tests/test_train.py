@@ -19,6 +19,7 @@ from agentic_rl.train import loop
 from agentic_rl.train import metrics as metrics_lib
 from agentic_rl.train import run as run_lib
 from experiments.configs import default
+from loss_masks import longest_action
 
 REQUIRED = (
     "reward/mean", "reward/outcome", "reward/format", "reward/efficiency",
@@ -267,10 +268,6 @@ def test_sft_demonstrations_keep_to_the_policys_tokens_per_turn():
   """The SFT stage imitates only demonstrations whose every action fits in
   ``sampling.max_new_tokens_per_turn``: the rollout could never finish a
   longer one."""
-  def longest_action(mask_NxT):
-    edges = np.diff(np.pad(mask_NxT, ((0, 0), (1, 1))), axis=1)
-    return max(int((np.flatnonzero(e == -1) - np.flatnonzero(e == 1)).max()) for e in edges)
-
   cfg = default.get_config("tiny")
   demos = run_lib.build(cfg).demonstrations(None, cfg.sft, jax.random.key(0))
   limit = longest_action(demos["loss_mask_BxT"]) - 2

@@ -616,7 +616,6 @@ def _validate(cfg) -> None:
       if not 0.0 <= stage.demo_noise <= 1.0:
         _err(f"config.{name}.demo_noise={stage.demo_noise} is a probability: set it in [0, 1]")
       _validate_strategy_weights(name, stage, cfg)
-      _check_positive(f"config.{name}.batch_size", stage.batch_size)
       if stage.num_demos < stage.batch_size:
         _err(f"config.{name}.num_demos={stage.num_demos} demonstrations cannot fill a batch of "
              f"config.{name}.batch_size={stage.batch_size} rows; raise num_demos or lower "
