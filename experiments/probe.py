@@ -11,7 +11,11 @@ pass@k (a prompt with any success) and the share of prompts with none.
 Greedy success on the run's levels over the first ``eval.num_prompts``
 prompts is the run's ``eval/success``; the sampled columns show what
 greedy decoding hides (a policy whose mistakes greedy decoding strips).
-``--show`` prints that many greedy failures as text.
+``--show`` prints that many greedy failures as text; under one whose answer
+differs from the tool result just before it, the policy's probability of
+each token of that result in the answer's place. Where the answer should
+copy the result (a calculator chain), near 0 is a confident miscopy, which
+sampling, and so RL, rarely corrects.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from absl import flags
 from absl import logging
 
 from agentic_rl.envs import tasks as tasks_lib
+from agentic_rl.model import scoring
 from agentic_rl.train import config as config_lib
 from agentic_rl.train import run as run_lib
 from experiments import export
@@ -35,12 +40,34 @@ _SAMPLES = flags.DEFINE_integer("samples", 8, "Samples per sampled prompt.")
 _SHOW = flags.DEFINE_integer("show", 0, "Greedy failures to print as text.")
 
 
+def copy_probs(params, config, ids, tokens_T) -> np.ndarray | None:
+  """float ``[len(R)]``: ``pi(R_i | episode before the answer, R_<i)`` for an
+  episode ending ``<tool_result>R</tool_result><answer>A</answer>`` with
+  ``A != R`` (an answer that should have copied R miscopies it); None for
+  any other episode (and for a chat template's codec, which has no such tags).
+  ``ids``: the codec's ``ids``; ``tokens_T``: the episode's tokens, without
+  padding."""
+  t = [int(x) for x in tokens_T]
+  if not hasattr(ids, "answer_open") or ids.answer_open not in t:
+    return None
+  a = len(t) - 1 - t[::-1].index(ids.answer_open)
+  if a < 2 or t[a - 1] != ids.tool_result_close or ids.tool_result_open not in t[:a]:
+    return None
+  o = a - 1 - t[a - 1::-1].index(ids.tool_result_open)
+  result = t[o + 1:a - 1]
+  answer = t[a + 1:t.index(ids.answer_close, a) if ids.answer_close in t[a:] else len(t)]
+  if not result or answer == result:
+    return None
+  logp_T, _ = scoring.sequence_logprobs(params, np.asarray([t[:a + 1] + result]), config)
+  return np.exp(np.asarray(logp_T[0, a + 1:]))
+
+
 def probe(workdir: str, levels=None, *, prompts: int = 192, sampled: int = 64,
           samples: int = 8, show: int = 0) -> dict[str, dict[str, float]]:
   """``{"<level>/<family>": {prompts, greedy, sampled, pass_at_k, none}}`` for the
   latest checkpoint of ``workdir`` (see the module docstring); ``levels``
   None: each of the run's levels alone."""
-  cfg, _, params = export._load(workdir)  # pylint: disable=protected-access
+  cfg, config, params = export._load(workdir)  # pylint: disable=protected-access
   levels = list(levels) if levels else list(tasks_lib.difficulty_levels(cfg.tasks.difficulty))
   sampled = min(sampled, prompts)
   rows, key, out = cfg.eval.batch_rows, jax.random.key(0), {}
@@ -67,6 +94,9 @@ def probe(workdir: str, levels=None, *, prompts: int = 192, sampled: int = 64,
       tokens = np.asarray(greedy.tokens_BxT[b])[:int(greedy.length_B[b])]
       print(f"--- level {level}, {run.family_names[family_N[b]]}:\n"
             f"{run.codec.tokenizer.decode(tokens)}")
+      probs = copy_probs(params, config, run.codec.ids, tokens)
+      if probs is not None:
+        print("p(answering the last tool result instead):", " ".join(f"{p:.2f}" for p in probs))
   return out
 
 

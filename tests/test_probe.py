@@ -1,8 +1,14 @@
 """experiments.probe: per family and level, greedy and sampled held-out success."""
 
+import chex
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from agentic_rl import text
+from agentic_rl.model import transformer as model_lib
+from agentic_rl.train import config as config_lib
 from agentic_rl.train import loop
 from experiments import probe
 from experiments.configs import default
@@ -31,3 +37,24 @@ def test_probe_reproduces_the_runs_greedy_success_and_adds_sampled(tmp_path, cap
   md = probe.table({**results, **other}, 3)
   assert md.splitlines()[0] == "| level | family | prompts | greedy | sampled | pass@3 | none of 3 |"
   assert len(md.splitlines()) == 2 + len(results) + len(other)
+
+
+def test_copy_probs_scores_the_tool_result_in_a_miscopied_answers_place():
+  cfg = default.get_config("tiny")
+  config = config_lib.model_config(cfg)
+  params = model_lib.init_params(config, jax.random.key(0))
+  ids = text.load_codec().ids
+  digits = lambda s: text.load_codec().tokenizer.encode(s)  # noqa: E731
+  head = [ids.bos, ids.assistant, ids.tool_call_open, *digits("12"), ids.tool_call_close]
+  result, wrong = digits("3700"), digits("3000")
+  episode = [*head, ids.tool_result_open, *result, ids.tool_result_close, ids.answer_open]
+  a = len(episode) - 1
+  probs = probe.copy_probs(params, config, ids, [*episode, *wrong, ids.answer_close])
+  logits = model_lib.forward(params, jnp.asarray([episode + result]), config)[0]
+  want = jax.nn.softmax(logits[a:a + len(result)], -1)[np.arange(len(result)), result]
+  chex.assert_shape(probs, (len(result),))
+  np.testing.assert_allclose(probs, want, rtol=1e-4)
+  # A right copy, an answer after no tool result, no answer: nothing to score.
+  assert probe.copy_probs(params, config, ids, [*episode, *result, ids.answer_close]) is None
+  assert probe.copy_probs(params, config, ids, [*head, ids.answer_open, *wrong]) is None
+  assert probe.copy_probs(params, config, ids, episode[:-1]) is None
