@@ -277,6 +277,23 @@ def test_sft_demonstrations_keep_to_the_policys_tokens_per_turn():
   assert 0 < len(short["tokens_BxT"]) < len(demos["tokens_BxT"])
 
 
+def test_too_few_demonstrations_left_for_a_batch_are_refused_naming_the_limits(tmp_path):
+  """Demonstrations the rollout could not record are left out; when fewer
+  rows than an SFT batch remain, the run stops before compiling and says
+  which limits left them out."""
+  cfg = default.get_config("tiny")
+  cfg.stages = ("sft",)
+  demos = run_lib.build(cfg).demonstrations(None, cfg.sft, jax.random.key(0))
+  longest_N = np.array([longest_action([m]) for m in demos["loss_mask_BxT"]])
+  # The longest per-turn limit that leaves at least one demonstration and
+  # fewer than a batch.
+  limit = max(v for v in longest_N if 0 < (longest_N <= v).sum() < cfg.sft.batch_size)
+  cfg.sampling.max_new_tokens_per_turn = int(limit)
+  with pytest.raises(ValueError, match=r"config.sft.batch_size=8 is more than the \d rows of "
+                     r"demonstrations: .*max_new_tokens_per_turn"):
+    loop.train(cfg, str(tmp_path))
+
+
 def test_evaluation_decodes_greedily_and_samples_with_one_compiled_engine():
   """Greedy decoding and the pass@k samples run one program (temperature 0
   is greedy), and its greedy episodes are a greedy engine's."""

@@ -301,9 +301,12 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
                                      run.codec.ids.pad)
           demos_per_row = data["segment_ids_BxT"].max(axis=1)
         if data["tokens_BxT"].shape[0] < stage.batch_size:
-          raise ValueError(f"config.{name}.batch_size={stage.batch_size} is more than the "
-                           f"{data['tokens_BxT'].shape[0]} rows of demonstrations; lower it "
-                           f"or raise config.{name}.num_demos")
+          raise ValueError(
+              f"config.{name}.batch_size={stage.batch_size} is more than the "
+              f"{data['tokens_BxT'].shape[0]} rows of demonstrations: of the "
+              f"{stage.num_demos} played, those that fit in config.sampling.max_total_tokens "
+              f"with every action within config.sampling.max_new_tokens_per_turn; lower "
+              f"it, or raise config.{name}.num_demos or those limits")
         step_fn, state_sharding = learner.shard_train_step(learner.make_train_step(
             learner.sft_loss(run.model_config, logprob_impl=cfg.model.logprob_impl),
             optimizer, micro_batches=cfg.micro_batches,
