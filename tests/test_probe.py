@@ -43,8 +43,8 @@ def test_copy_probs_scores_the_tool_result_in_a_miscopied_answers_place():
   cfg = default.get_config("tiny")
   config = config_lib.model_config(cfg)
   params = model_lib.init_params(config, jax.random.key(0))
-  ids = text.load_codec().ids
-  digits = lambda s: text.load_codec().tokenizer.encode(s)  # noqa: E731
+  codec = text.load_codec()
+  ids, digits = codec.ids, codec.tokenizer.encode
   head = [ids.bos, ids.assistant, ids.tool_call_open, *digits("12"), ids.tool_call_close]
   result, wrong = digits("3700"), digits("3000")
   episode = [*head, ids.tool_result_open, *result, ids.tool_result_close, ids.answer_open]
