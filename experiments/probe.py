@@ -15,10 +15,15 @@ greedy decoding hides (a policy whose mistakes greedy decoding strips).
 differs from the tool result just before it, the policy's probability of
 each token of that result in the answer's place. Where the answer should
 copy the result (a calculator chain), near 0 is a confident miscopy, which
-sampling, and so RL, rarely corrects.
+sampling, and so RL, rarely corrects. ``--copies=FAMILY,...`` prints how often
+the greedy policy copies a number a tool returned into its next action, by
+the number's length.
 """
 
 from __future__ import annotations
+
+import collections
+import re
 
 import jax
 import numpy as np
@@ -38,6 +43,13 @@ _PROMPTS = flags.DEFINE_integer("prompts", 192, "Held-out prompts played greedil
 _SAMPLED = flags.DEFINE_integer("sampled", 64, "Of them, prompts sampled --samples times.")
 _SAMPLES = flags.DEFINE_integer("samples", 8, "Samples per sampled prompt.")
 _SHOW = flags.DEFINE_integer("show", 0, "Greedy failures to print as text.")
+_COPIES = flags.DEFINE_list("copies", [], "Families whose greedy copy rates to print "
+                            "by number length (e.g. calc_chain,multihop).")
+
+# A tool result that is one number, then the next action's first number: an
+# answer, or a call's first argument (``calc 1385486+12``, ``store 2:913``).
+_COPY = re.compile(r"<tool_result>(-?\d+)</tool_result><(?:answer|tool_call)>"
+                   r"(?:[a-z]+ )?(?:\d+:)?(-?\d+)")
 
 
 def copy_probs(params, config, ids, tokens_T) -> np.ndarray | None:
@@ -62,11 +74,26 @@ def copy_probs(params, config, ids, tokens_T) -> np.ndarray | None:
   return np.exp(np.asarray(logp_T[0, a + 1:]))
 
 
+def copy_rates(texts, families) -> dict[tuple[str, int], tuple[int, int]]:
+  """``{(family, digits): (copied right, copies)}`` over episodes ``texts``
+  (decoded) of ``families``: each tool result that is one number, against
+  the first number of the action after it. Only for families whose next
+  action carries the result on (a lookup chain, a calculator chain)."""
+  out = collections.defaultdict(lambda: [0, 0])
+  for text, family in zip(texts, families):
+    for result, copy in _COPY.findall(text):
+      n = out[family, len(result.lstrip("-"))]
+      n[0] += result == copy
+      n[1] += 1
+  return {k: tuple(v) for k, v in sorted(out.items())}
+
+
 def probe(workdir: str, levels=None, *, prompts: int = 192, sampled: int = 64,
-          samples: int = 8, show: int = 0) -> dict[str, dict[str, float]]:
+          samples: int = 8, show: int = 0, copies_of=()) -> dict[str, dict[str, float]]:
   """``{"<level>/<family>": {prompts, greedy, sampled, pass_at_k, none}}`` for the
   latest checkpoint of ``workdir`` (see the module docstring); ``levels``
-  None: each of the run's levels alone."""
+  None: each of the run's levels alone. ``copies_of``: families whose
+  greedy :func:`copy_rates` to print."""
   cfg, config, params = export._load(workdir)  # pylint: disable=protected-access
   levels = list(levels) if levels else list(tasks_lib.difficulty_levels(cfg.tasks.difficulty))
   sampled = min(sampled, prompts)
@@ -90,6 +117,13 @@ def probe(workdir: str, levels=None, *, prompts: int = 192, sampled: int = 64,
           "sampled": float(ok_PxK[mine_P].mean()) if mine_P.any() else float("nan"),
           "pass_at_k": float(ok_PxK[mine_P].any(1).mean()) if mine_P.any() else float("nan"),
           "none": float((~ok_PxK[mine_P].any(1)).mean()) if mine_P.any() else float("nan")}
+    if copies_of:
+      names = [run.family_names[f] for f in family_N]
+      mine = [b for b in range(prompts) if names[b] in copies_of]
+      texts = [run.codec.tokenizer.decode(np.asarray(greedy.tokens_BxT[b])[:int(greedy.length_B[b])])
+               for b in mine]
+      for (family, digits), (right, total) in copy_rates(texts, [names[b] for b in mine]).items():
+        print(f"level {level}, {family}: {digits}-digit results copied {right}/{total}")
     for b in np.flatnonzero(~ok_N)[:show]:
       tokens = np.asarray(greedy.tokens_BxT[b])[:int(greedy.length_B[b])]
       print(f"--- level {level}, {run.family_names[family_N[b]]}:\n"
@@ -116,7 +150,8 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
   results = probe(_WORKDIR.value, _LEVELS.value or None, prompts=_PROMPTS.value,
-                  sampled=_SAMPLED.value, samples=_SAMPLES.value, show=_SHOW.value)
+                  sampled=_SAMPLED.value, samples=_SAMPLES.value, show=_SHOW.value,
+                  copies_of=tuple(_COPIES.value))
   print(table(results, _SAMPLES.value))
 
 

@@ -58,3 +58,15 @@ def test_copy_probs_scores_the_tool_result_in_a_miscopied_answers_place():
   assert probe.copy_probs(params, config, ids, [*episode, *result, ids.answer_close]) is None
   assert probe.copy_probs(params, config, ids, [*head, ids.answer_open, *wrong]) is None
   assert probe.copy_probs(params, config, ids, episode[:-1]) is None
+
+
+def test_copy_rates_count_each_numeric_tool_result_against_the_next_actions_first_number():
+  calc = ("<tool_call>calc 12*34</tool_call><tool_result>408</tool_result>"
+          "<tool_call>calc 408+1</tool_call><tool_result>409</tool_result>"
+          "<tool_call>store 1:490</tool_call><tool_result>ok</tool_result>"
+          "<tool_call>recall 1</tool_call><tool_result>490</tool_result><answer>490</answer>")
+  hops = ("<tool_call>lookup 630</tool_call><tool_result>4251</tool_result>"
+          "<tool_call>lookup 4215</tool_call><tool_result>error: not found</tool_result>"
+          "<answer>-7</answer>")
+  assert probe.copy_rates([calc, hops, calc], ["calc_chain", "multihop", "calc_chain"]) == {
+      ("calc_chain", 3): (4, 6), ("multihop", 4): (0, 1)}
