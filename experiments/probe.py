@@ -101,6 +101,9 @@ def probe(workdir: str, levels=None, *, prompts: int = 192, sampled: int = 64,
   for level in levels:
     cfg.tasks.difficulty = (int(level),)
     run = run_lib.build(cfg)
+    if set(copies_of) - set(run.family_names):
+      raise ValueError(f"--copies={','.join(copies_of)}: this run's families are "
+                       f"{', '.join(run.family_names)}")
     greedy = run.rollout(params, config_lib.sampling_config(cfg, greedy=True), "test",
                          np.arange(prompts), key, 0, rows)
     ok_N = np.asarray(greedy.reward_components["outcome"]) > 0.5

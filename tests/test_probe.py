@@ -34,6 +34,8 @@ def test_probe_reproduces_the_runs_greedy_success_and_adds_sampled(tmp_path, cap
   # Another level on request; the table has a row per level and family.
   other = probe.probe(str(tmp_path), ["0"], prompts=n, sampled=4, samples=3)
   assert {k.split("/")[0] for k in other} == {"0"}
+  with pytest.raises(ValueError, match="this run's families are calc_chain, multihop, boxes"):
+    probe.probe(str(tmp_path), prompts=n, sampled=1, samples=1, copies_of=("calc",))
   md = probe.table({**results, **other}, 3)
   assert md.splitlines()[0] == "| level | family | prompts | greedy | sampled | pass@3 | none of 3 |"
   assert len(md.splitlines()) == 2 + len(results) + len(other)
