@@ -206,6 +206,15 @@ def test_a_context_too_short_for_the_task_prompts_is_refused_with_the_size_it_ne
   assert not os.path.exists(tmp_path / "checkpoints")
 
 
+def test_actions_longer_than_the_families_read_are_refused_before_training(tmp_path):
+  cfg = default.get_config("tiny")
+  cfg.sampling.max_new_tokens_per_turn = 64
+  with pytest.raises(ValueError, match=r"max_new_tokens_per_turn=64: the task families read "
+                     r"actions of at most (\d+) tokens"):
+    loop.train(cfg, str(tmp_path))
+  assert not os.path.exists(tmp_path / "checkpoints")
+
+
 def test_misspelt_override_lists_valid_keys():
   out = subprocess.run(
       [sys.executable, "-m", "experiments.train",

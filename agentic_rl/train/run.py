@@ -309,6 +309,10 @@ def build(cfg) -> Run:
       "mixture", codec, members=tuple(cfg.tasks.families),
       weights=tuple(cfg.tasks.weights), member_kwargs=member_kwargs,
       rewards=envs_lib.RewardConfig(**cfg.tasks.rewards))
+  if cfg.sampling.max_new_tokens_per_turn > env.max_action_len:
+    raise ValueError(
+        f"config.sampling.max_new_tokens_per_turn={cfg.sampling.max_new_tokens_per_turn}: "
+        f"the task families read actions of at most {env.max_action_len} tokens; lower it")
   T = cfg.sampling.max_total_tokens
   tasks = Tasks(env, seed=cfg.seed, difficulty=cfg.tasks.difficulty, prompt_len=T // 2)
   # Before the model compiles: a batch of evaluation's shape from each split
