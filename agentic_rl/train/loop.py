@@ -305,8 +305,9 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
               f"config.{name}.batch_size={stage.batch_size} is more than the "
               f"{data['tokens_BxT'].shape[0]} rows of demonstrations: of the "
               f"{stage.num_demos} played, those that fit in config.sampling.max_total_tokens "
-              f"with every action within config.sampling.max_new_tokens_per_turn; lower "
-              f"it, or raise config.{name}.num_demos or those limits")
+              f"with every action within config.sampling.max_new_tokens_per_turn"
+              f"{f', packed by config.{name}.pack' if stage.get('pack', False) else ''}; "
+              f"lower it, or raise config.{name}.num_demos or those limits")
         step_fn, state_sharding = learner.shard_train_step(learner.make_train_step(
             learner.sft_loss(run.model_config, logprob_impl=cfg.model.logprob_impl),
             optimizer, micro_batches=cfg.micro_batches,
