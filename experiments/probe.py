@@ -120,15 +120,15 @@ def probe(workdir: str, levels=None, *, prompts: int = 192, sampled: int = 64,
           "sampled": float(ok_PxK[mine_P].mean()) if mine_P.any() else float("nan"),
           "pass_at_k": float(ok_PxK[mine_P].any(1).mean()) if mine_P.any() else float("nan"),
           "none": float((~ok_PxK[mine_P].any(1)).mean()) if mine_P.any() else float("nan")}
+    episode = lambda b: np.asarray(greedy.tokens_BxT[b])[:int(greedy.length_B[b])]  # noqa: E731
     if copies_of:
       names = [run.family_names[f] for f in family_N]
       mine = [b for b in range(prompts) if names[b] in copies_of]
-      texts = [run.codec.tokenizer.decode(np.asarray(greedy.tokens_BxT[b])[:int(greedy.length_B[b])])
-               for b in mine]
+      texts = [run.codec.tokenizer.decode(episode(b)) for b in mine]
       for (family, digits), (right, total) in copy_rates(texts, [names[b] for b in mine]).items():
         print(f"level {level}, {family}: {digits}-digit results copied {right}/{total}")
     for b in np.flatnonzero(~ok_N)[:show]:
-      tokens = np.asarray(greedy.tokens_BxT[b])[:int(greedy.length_B[b])]
+      tokens = episode(b)
       print(f"--- level {level}, {run.family_names[family_N[b]]}:\n"
             f"{run.codec.tokenizer.decode(tokens)}")
       probs = copy_probs(params, config, run.codec.ids, tokens)

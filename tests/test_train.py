@@ -197,20 +197,19 @@ def test_bad_configs_fail_before_compiling(edit, match):
     config_lib.validate(cfg)
 
 
-def test_a_context_too_short_for_the_task_prompts_is_refused_with_the_size_it_needs(tmp_path):
+@pytest.mark.parametrize("sampling, match", [
+    # A context too short for the task prompts, with the size it needs.
+    (dict(max_total_tokens=64), r"max_total_tokens=64: task prompts take up to (\d+) "
+     r"tokens .* half the context \(32\); raise .* to at least"),
+    # Actions longer than the task families read.
+    (dict(max_new_tokens_per_turn=64), r"max_new_tokens_per_turn=64: the task families read "
+     r"actions of at most (\d+) tokens"),
+])
+def test_sampling_limits_the_tasks_cannot_meet_are_refused_before_training(
+    tmp_path, sampling, match):
   cfg = default.get_config("tiny")
-  cfg.sampling.max_total_tokens = 64
-  with pytest.raises(ValueError, match=r"max_total_tokens=64: task prompts take up to (\d+) "
-                     r"tokens .* half the context \(32\); raise .* to at least"):
-    loop.train(cfg, str(tmp_path))
-  assert not os.path.exists(tmp_path / "checkpoints")
-
-
-def test_actions_longer_than_the_families_read_are_refused_before_training(tmp_path):
-  cfg = default.get_config("tiny")
-  cfg.sampling.max_new_tokens_per_turn = 64
-  with pytest.raises(ValueError, match=r"max_new_tokens_per_turn=64: the task families read "
-                     r"actions of at most (\d+) tokens"):
+  cfg.sampling.update(sampling)
+  with pytest.raises(ValueError, match=match):
     loop.train(cfg, str(tmp_path))
   assert not os.path.exists(tmp_path / "checkpoints")
 
