@@ -8,9 +8,9 @@ Copying a tool's number into the next action is the skill the default run's
 calculator chains need (docs/default_run). This trains the configured model
 from scratch, with the warm start's loss and optimiser (``config.sft``), on
 that skill alone: rows ``<|user|>FILLER<|end|><tool_result>N</tool_result>
-<answer>N</answer>`` with ``N`` of 1-9 digits drawn evenly (``--lengths``) and a filler of
-0-3 numbers that moves the tool result's position; the loss covers the
-answer. Every ``--every`` steps it reports, per length, the share of
+<answer>N</answer>`` with ``N`` of 1-9 digits drawn evenly (``--lengths``)
+and a filler of 0-3 numbers that moves the tool result's position; the loss
+covers the answer. Every ``--every`` steps it reports, per length, the share of
 ``--eval_rows`` held-out rows whose whole answer the greedy policy copies
 (the argmax at each answer token given the right ones before it), and
 writes the curves to ``--out``.
@@ -47,8 +47,9 @@ ROW_LEN = 48  # the longest row (9 digits, 3 filler numbers) has 43 tokens
 
 def copy_rows(tokenizer, rng: np.random.Generator, n: int,
               lengths=tuple(range(1, 10))) -> dict[str, np.ndarray]:
-  """``n`` copy rows of numbers with ``lengths`` digits (each 1-9): int32 ``tokens_BxT`` (pad 0), fp32 ``loss_mask_BxT`` on the
-  answer and its closing tag, int32 ``answer_start_B``, ``length_B`` (digits)."""
+  """``n`` copy rows of numbers with ``lengths`` digits (each 1-9): int32
+  ``tokens_BxT`` (padded with 0), fp32 ``loss_mask_BxT`` on the answer and
+  its closing tag, int32 ``answer_start_B`` and ``length_B`` (digits)."""
   tokens = np.zeros((n, ROW_LEN), np.int32)
   mask = np.zeros((n, ROW_LEN), np.float32)
   start, length = np.zeros(n, np.int32), rng.choice(lengths, n).astype(np.int32)
