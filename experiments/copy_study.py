@@ -38,7 +38,8 @@ _SEEDS = flags.DEFINE_list("seeds", ["0"], "Seeds (parameters and data).")
 _STEPS = flags.DEFINE_integer("steps", 300, "Training steps per seed.")
 _EVERY = flags.DEFINE_integer("every", 50, "Evaluate every this many steps.")
 _EVAL_ROWS = flags.DEFINE_integer("eval_rows", 512, "Held-out rows per evaluation.")
-_LENGTHS = flags.DEFINE_list("lengths", [str(n) for n in range(1, 10)],
+LENGTHS = tuple(range(1, 10))  # digits of the numbers copied, by default
+_LENGTHS = flags.DEFINE_list("lengths", [str(n) for n in LENGTHS],
                             "Digits of the numbers to copy, drawn evenly.")
 _OUT = flags.DEFINE_string("out", "", "Where to write the JSON result (empty: nowhere).")
 
@@ -46,7 +47,7 @@ ROW_LEN = 48  # the longest row (9 digits, 3 filler numbers) has 43 tokens
 
 
 def copy_rows(tokenizer, rng: np.random.Generator, n: int,
-              lengths=tuple(range(1, 10))) -> dict[str, np.ndarray]:
+              lengths=LENGTHS) -> dict[str, np.ndarray]:
   """``n`` copy rows of numbers with ``lengths`` digits (each 1-9): int32
   ``tokens_BxT`` (padded with 0), fp32 ``loss_mask_BxT`` on the answer and
   its closing tag, int32 ``answer_start_B`` and ``length_B`` (digits)."""
@@ -75,7 +76,7 @@ def copy_rates(predicted_BxT: np.ndarray, rows: dict[str, np.ndarray]) -> dict[i
 
 
 def study(cfg, seed: int, *, steps: int, every: int, eval_rows: int,
-          lengths=tuple(range(1, 10))) -> list[dict]:
+          lengths=LENGTHS) -> list[dict]:
   """One seed's curve: ``[{"step", "nll", "copied": {length: share}}, ...]``."""
   model_config = config_lib.model_config(cfg)
   tokenizer = tok_lib.load_tokenizer()
