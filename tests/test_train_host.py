@@ -115,6 +115,29 @@ def test_first_observations_that_leave_no_room_to_act_are_refused(only_odd, tmp_
   assert records[0]["episode/turns"] > 0
 
 
+class LongFirstAction(text_games.GuessNumber):
+  """The example game whose demonstrations think aloud before the first
+  guess: an action longer than the tiny config's 24 tokens per turn."""
+
+  def demonstration(self, seed, noise=0.0):
+    first, *rest = super().demonstration(seed, noise)
+    return ["I halve the range each time, so the first guess is the middle. " + first, *rest]
+
+
+def test_demonstration_actions_longer_than_a_turn_are_refused_with_the_limit_that_fits(tmp_path):
+  cfg = _host_cfg(host_env=f"{__name__}:LongFirstAction", stages=("sft",))
+  cfg.sft.demo_noise = 0.0  # every first action is then the same
+  with pytest.raises(ValueError, match=r"a demonstration's action has \d+ tokens, more than "
+                     r"max_new_tokens_per_turn=24 .*'I halve the range.*raise --config\."
+                     r"sampling\.max_new_tokens_per_turn to the longest action's length, "
+                     r"at least \d+") as e:
+    loop.train(cfg, str(tmp_path / "refused"))
+  # The first actions are the longest here, so the length named is enough.
+  cfg.sampling.max_new_tokens_per_turn = int(str(e.value).rsplit(" ", 1)[-1])
+  summary, records = _records(cfg, tmp_path / "fits")
+  assert summary["steps"] == 4 and all(np.isfinite(r["sft/nll"]) for r in records)
+
+
 def test_broken_environments_cost_only_their_own_episodes(tmp_path):
   cfg = _host_cfg(host_env=f"{__name__}:FlakyGuess", stages=("rl",))
   cfg.tasks.update(env_timeout_s=0.3, env_workers=8, train_size=64)

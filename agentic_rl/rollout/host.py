@@ -625,8 +625,7 @@ class HostLoop:
       raise ValueError(f"a scripted action must be text with no stop token "
                        f"{self.ids.stop_ids} but at its end, got {action!r}")
     if len(ids) > s.script_BxS.shape[1]:
-      raise ValueError(f"scripted action of {len(ids)} tokens exceeds "
-                       f"max_new_tokens_per_turn={s.script_BxS.shape[1]}")
+      raise ScriptTooLong(len(ids), s.script_BxS.shape[1], action)
     s.script_BxS[b, :len(ids)] = ids
     s.script_len_B[b] = len(ids)
     s.script_pos_B[b] = 0
@@ -643,6 +642,16 @@ def _failure(out: Outcome) -> int:
 
 class _NonFinite(ValueError):
   pass
+
+
+class ScriptTooLong(ValueError):
+  """A scripted action of ``tokens`` tokens, more than the ``limit`` a
+  turn may hold (``SamplingConfig.max_new_tokens_per_turn``)."""
+
+  def __init__(self, tokens: int, limit: int, action: str):
+    super().__init__(f"scripted action of {tokens} tokens exceeds "
+                     f"max_new_tokens_per_turn={limit}: {action!r:.200}")
+    self.tokens, self.limit, self.action = tokens, limit, action
 
 
 def _checked_step(out: Outcome) -> Outcome:

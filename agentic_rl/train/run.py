@@ -34,7 +34,7 @@ from agentic_rl.envs.tasks import PromptTooLong, Tasks
 from agentic_rl.invariants import exploration
 from agentic_rl.rollout.context import policy_tokens, scored_rows
 from agentic_rl.rollout.engine import RolloutEngine, prompt_group_size
-from agentic_rl.rollout.host import HostLoop
+from agentic_rl.rollout.host import HostLoop, ScriptTooLong
 from agentic_rl.rollout.sampling import SamplingConfig
 from agentic_rl.rollout.swarm import Swarm
 from agentic_rl.rollout.types import EPISODE_STATUS, Rollout, select_rows
@@ -276,8 +276,15 @@ class Run:
                            f"{int(seeds[b])}) ran out of actions before the episode ended")
         return scripts[b].pop(0)
 
-      ro = self._rollout_rows(params, sampling, "demo", np.arange(start, start + rows),
-                              jax.random.fold_in(key, start), 0, None, actor=actor)
+      try:
+        ro = self._rollout_rows(params, sampling, "demo", np.arange(start, start + rows),
+                                jax.random.fold_in(key, start), 0, None, actor=actor)
+      except ScriptTooLong as e:
+        raise ValueError(
+            f"host_env={self.cfg.tasks.host_env!r}: a demonstration's action has {e.tokens} "
+            f"tokens, more than max_new_tokens_per_turn={e.limit} (the policy's tokens per "
+            f"turn): {e.action!r:.200}; raise --config.sampling.max_new_tokens_per_turn to the "
+            f"longest action's length, at least {e.tokens}") from None
       keep = np.asarray(ro.done_B) & (np.asarray(ro.status_B) == 0)
       scored = scored_rows(ro)
       keep_R = scored.per_row(keep, fill=False)
