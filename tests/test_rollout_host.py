@@ -201,7 +201,7 @@ BROKEN = {"raises": "env_error", "None": "env_error", "pair": "env_error",
           "hangs": "env_timeout", "echo": "ok", "long": "ok", "fine": "ok"}
 
 
-def test_a_bad_environment_ends_only_its_own_episode(codec, model):
+def test_a_bad_environment_ends_only_its_own_episode(codec, model, caplog):
   config, params = model
   hows = list(BROKEN)
   loop = rollout.HostLoop(config, SAMPLING, codec, batch_size=len(hows), max_obs_tokens=96,
@@ -227,6 +227,17 @@ def test_a_bad_environment_ends_only_its_own_episode(codec, model):
   # A non-finite reward is never added; failed episodes keep what came before.
   assert np.isfinite(np.asarray(out.reward_B)).all()
   np.testing.assert_allclose(out.reward_B[hows.index("nan")], 0.1, rtol=1e-6)
+  # What went wrong is counted by message, and the first few distinct
+  # messages are logged.
+  malformed = "step: TypeError: step must return (observation, reward, done), got "
+  assert loop.env_failures == {
+      "reset: RuntimeError: cannot start": 1, "step: RuntimeError: the game crashed": 1,
+      malformed + "NoneType None": 1, malformed + "tuple ('now 1', 0.1)": 1,
+      "step: TypeError: step's observation must be str, got NoneType": 1,
+      "step: NonFiniteReward: step's reward is nan": 1, "step ran past its time limit": 1}
+  said = [r.getMessage() for r in caplog.records if "its episode ends" in r.getMessage()]
+  assert len(said) == 5 and all(any(m in line for m in loop.env_failures) for line in said)
+
 
 
 def test_obs_overflow_end_ends_the_episode(codec, model):

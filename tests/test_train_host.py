@@ -138,6 +138,21 @@ def test_demonstration_actions_longer_than_a_turn_are_refused_with_the_limit_tha
   assert summary["steps"] == 4 and all(np.isfinite(r["sft/nll"]) for r in records)
 
 
+class GymStep(text_games.GuessNumber):
+  """The example game with a Gym-style step: five values, not three."""
+
+  def step(self, action):
+    return *super().step(action), False, {}
+
+
+def test_demonstrations_that_all_fail_in_the_environment_say_why(tmp_path):
+  cfg = _host_cfg(host_env=f"{__name__}:GymStep", stages=("sft",))
+  with pytest.raises(ValueError, match=r"no demonstration .* ended done .*; of 64 episodes, "
+                     r"these ended early: \{'env_error': 64\}, most often \"step: TypeError: "
+                     r"step must return \(observation, reward, done\), got tuple"):
+    loop.train(cfg, str(tmp_path))
+
+
 def test_broken_environments_cost_only_their_own_episodes(tmp_path):
   cfg = _host_cfg(host_env=f"{__name__}:FlakyGuess", stages=("rl",))
   cfg.tasks.update(env_timeout_s=0.3, env_workers=8, train_size=64)

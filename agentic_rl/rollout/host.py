@@ -28,7 +28,9 @@ a row's ``reset``, ``step`` and ``call_tool`` calls adds up in
 misbehaves ends only its own episode, truncated with a reason in
 ``Rollout.status_B``: an exception or a malformed return from ``reset`` or
 ``step`` ("env_error"), a call past the time limit ("env_timeout"), a
-non-finite reward ("nonfinite_reward"). Observation text that contains the
+non-finite reward ("nonfinite_reward"). What went wrong is counted by
+message in ``HostLoop.env_failures``, and the first few distinct messages
+are logged as warnings. Observation text that contains the
 codec's framing strings reaches the policy as plain text
 (``Codec.encode_text``). An observation longer than ``max_obs_tokens`` is
 clipped to it (``obs_overflow="clip"``, counted in ``obs_clipped_B``) or
@@ -59,6 +61,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import math
 import time
 import zlib
@@ -176,6 +179,8 @@ class HostLoop:
     self._blank = None
     # The longest first prompt (tokens) that did not fit in max_total_tokens.
     self.longest_unfit_prompt = 0
+    # Episodes ended by their environment, by what went wrong (a message).
+    self.env_failures: collections.Counter[str] = collections.Counter()
     options = model_lib.compiler_options()
     self._prefill = jax.jit(self._prefill_impl, donate_argnums=(3,),
                             compiler_options=options)
@@ -417,7 +422,7 @@ class HostLoop:
     if out.ok and not isinstance(out.value, str):
       out = Outcome(error=TypeError(f"reset must return str, got {type(out.value).__name__}"),
                     seconds=out.seconds)
-    status = _failure(out)
+    status = self._failure(out, "reset")
     obs = "" if status else out.value
     tools = getattr(episode.env, "tools", None)
     prompt = self.codec.encode_prompt(self._prompt_messages(obs), tools=tools, escape=True)
@@ -490,7 +495,7 @@ class HostLoop:
     called = self.codec.calls_tool(action_ids)
     s.num_tool_calls_B[b] += int(called)
     s.env_seconds_B[b] += out.seconds
-    if failure := _failure(out):
+    if failure := self._failure(out, "call_tool" if called else "step"):
       s.status_B[b], s.truncated_B[b] = failure, True
       return False
     obs, reward, done = out.value
@@ -630,17 +635,34 @@ class HostLoop:
     s.script_len_B[b] = len(ids)
     s.script_pos_B[b] = 0
 
+  def _failure(self, out: Outcome, call: str) -> int:
+    """The ``status_B`` code of a failed ``call`` (0 for a good one),
+    counted in ``env_failures``; each of the first few distinct messages is
+    logged once."""
+    if out.ok:
+      return 0
+    if out.timed_out:
+      message = f"{call} ran past its time limit"
+    else:
+      message = f"{call}: {type(out.error).__name__}: {out.error}"[:300]
+    if message not in self.env_failures:
+      if len(self.env_failures) < _LOGGED_FAILURES:
+        _LOG.warning("an environment's %s; its episode ends (episode/env_errors, "
+                     "episode/env_timeouts, episode/nonfinite_rewards count them)", message)
+      if len(self.env_failures) >= _COUNTED_FAILURES:
+        message = "other failures"
+    self.env_failures[message] += 1
+    if out.timed_out:
+      return _STATUS["env_timeout"]
+    return _STATUS["nonfinite_reward" if isinstance(out.error, NonFiniteReward) else "env_error"]
 
-def _failure(out: Outcome) -> int:
-  """The ``status_B`` code of a failed call, 0 for a good one."""
-  if out.timed_out:
-    return _STATUS["env_timeout"]
-  if out.error is not None:
-    return _STATUS["nonfinite_reward" if isinstance(out.error, _NonFinite) else "env_error"]
-  return 0
+
+_LOG = logging.getLogger(__name__)
+_LOGGED_FAILURES = 5  # distinct failure messages logged per loop
+_COUNTED_FAILURES = 100  # and counted apart; the rest count together
 
 
-class _NonFinite(ValueError):
+class NonFiniteReward(ValueError):
   pass
 
 
@@ -674,5 +696,5 @@ def _checked_value(value) -> Outcome:
   except (TypeError, ValueError):
     return Outcome(error=TypeError(f"step's reward must be a number, got {reward!r:.80}"))
   if not math.isfinite(reward):
-    return Outcome(error=_NonFinite(f"step's reward is {reward}"))
+    return Outcome(error=NonFiniteReward(f"step's reward is {reward}"))
   return Outcome(value=(obs, reward, bool(done)))

@@ -259,7 +259,7 @@ class Run:
     sampling = config_lib.sampling_config(self.cfg, greedy=True)
     demo_env = self.tasks.make()
     request = config_lib.context_config(self.cfg).summary_request
-    tokens, masks = [], []
+    tokens, masks, status = [], [], []
     for start in range(0, stage.num_demos, rows):
       seeds = self.tasks.seeds("demo", np.arange(start, start + rows))
       # demonstration(seed, noise): positional, as environment proxies forward.
@@ -285,14 +285,24 @@ class Run:
             f"tokens, more than max_new_tokens_per_turn={e.limit} (the policy's tokens per "
             f"turn): {e.action!r:.200}; raise --config.sampling.max_new_tokens_per_turn to the "
             f"longest action's length, at least {e.tokens}") from None
-      keep = np.asarray(ro.done_B) & (np.asarray(ro.status_B) == 0)
+      status.append(np.asarray(ro.status_B))
+      keep = np.asarray(ro.done_B) & (status[-1] == 0)
       scored = scored_rows(ro)
       keep_R = scored.per_row(keep, fill=False)
       tokens.append(scored["tokens_RxT"][keep_R])
       masks.append(scored["loss_mask_RxT"][keep_R])
     if not sum(len(t) for t in tokens):
+      status = np.concatenate(status)
+      ended = {name: int(np.sum(status == i)) for i, name in enumerate(EPISODE_STATUS)
+               if i and np.any(status == i)}
+      why = ""
+      if ended:
+        failures = self.host_loop(sampling, rows, scripted=True)[0].env_failures
+        most = (f", most often {failures.most_common(1)[0][0]!r}" if failures else "")
+        why = f"; of {len(status)} episodes, these ended early: {ended}{most}"
       raise ValueError(f"no demonstration of host_env={self.cfg.tasks.host_env!r} ended done "
-                       f"within max_total_tokens={T} and max_turns={self.cfg.sampling.max_turns}")
+                       f"within max_total_tokens={T} and max_turns={self.cfg.sampling.max_turns}"
+                       f"{why}")
     return {"tokens_BxT": np.concatenate(tokens)[:stage.num_demos],
             "loss_mask_BxT": np.concatenate(masks)[:stage.num_demos]}
 
