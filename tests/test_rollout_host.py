@@ -239,7 +239,6 @@ def test_a_bad_environment_ends_only_its_own_episode(codec, model, caplog):
   assert len(said) == 5 and all(any(m in line for m in loop.env_failures) for line in said)
 
 
-
 def test_obs_overflow_end_ends_the_episode(codec, model):
   config, params = model
   loop = rollout.HostLoop(config, SAMPLING, codec, batch_size=2, max_obs_tokens=96)

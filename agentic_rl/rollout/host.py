@@ -84,6 +84,9 @@ from agentic_rl.text.codec import Codec, Message, ToolCallError, pad_batch
 
 OBS_OVERFLOW = ("end", "clip")
 _STATUS = {name: i for i, name in enumerate(EPISODE_STATUS)}
+_LOG = logging.getLogger(__name__)
+_LOGGED_FAILURES = 5  # distinct environment failures logged per loop
+_COUNTED_FAILURES = 100  # and counted apart; the rest count together
 
 Actor = Callable[[int, str], str]
 
@@ -657,13 +660,8 @@ class HostLoop:
     return _STATUS["nonfinite_reward" if isinstance(out.error, NonFiniteReward) else "env_error"]
 
 
-_LOG = logging.getLogger(__name__)
-_LOGGED_FAILURES = 5  # distinct failure messages logged per loop
-_COUNTED_FAILURES = 100  # and counted apart; the rest count together
-
-
 class NonFiniteReward(ValueError):
-  pass
+  """A ``step`` or ``call_tool`` reward that is NaN or infinite."""
 
 
 class ScriptTooLong(ValueError):
