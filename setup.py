@@ -50,8 +50,17 @@ setuptools.setup(
             "ipykernel",
             # The GEM games' tests (agentic_rl/envs/gem.py).
             "gem-llm==0.1.0",
+            # GGUF checkpoints (agentic_rl/model/gguf.py); accelerate is what
+            # transformers' own GGUF loading, the parity reference, needs.
+            "gguf",
+            "accelerate",
         ],
+        # GGUF checkpoints (config.model.init_from=FILE.gguf).
+        "gguf": ["gguf"],
         "gem": ["gem-llm==0.1.0"],
+        # The side-by-side benchmark against torch, transformers and TRL
+        # (experiments/bench_real.py).
+        "bench": ["trl", "transformers", "torch==2.13.0", "accelerate", "gguf"],
         # Host environments as Ray actors (config.tasks.env_pool="ray").
         "ray": ["ray"],
         # JAX's CUDA 13 plugin and libraries (~4.4 GB): runs on NVIDIA GPUs,

@@ -4,11 +4,12 @@
 ``decode_step`` run incrementally against a ``KVCache`` (rollouts);
 ``prefix.forward_hidden`` runs a prefix shared by a group of rows once;
 ``hf.load_hf_checkpoint`` / ``hf.save_hf_checkpoint`` import and export Llama,
-Qwen2, Qwen3, Gemma, Gemma 2 and Gemma 3 (text) checkpoints;
+Qwen2, Qwen3, Gemma, Gemma 2 and Gemma 3 (text) checkpoints, and read
+``gguf.load_gguf`` GGUF files of those;
 ``compiler_options`` are the XLA options every jit of the model passes.
 """
 
-from agentic_rl.model import hf
+from agentic_rl.model import gguf, hf
 from agentic_rl.model.xla_options import compiler_options, mesh_platform
 from agentic_rl.model.config import TransformerConfig, alternating_windows
 from agentic_rl.model.kv_cache import (KVCache, decode_step, extend,
@@ -25,6 +26,7 @@ __all__ = [
     "decode_step",
     "extend",
     "forward",
+    "gguf",
     "grow_cache",
     "hf",
     "init_cache",

@@ -94,12 +94,18 @@ class HFTokenizer:
 
   @classmethod
   def from_pretrained(cls, path: str) -> HFTokenizer:
-    """Loads the tokenizer of the checkpoint directory ``path``.
+    """Loads the tokenizer of the checkpoint directory ``path``, or of the
+    GGUF file ``path`` (:mod:`agentic_rl.text.gguf_tokenizer`).
 
     Raises:
       ValueError: no ``tokenizer.json`` (a SentencePiece-only checkpoint:
-        save its tokenizer once with transformers, which writes one).
+        save its tokenizer once with transformers, which writes one), or a
+        GGUF tokenizer that cannot be rebuilt.
     """
+    if str(path).endswith(".gguf"):
+      from agentic_rl.text import gguf_tokenizer  # pylint: disable=import-outside-toplevel
+      backend, config = gguf_tokenizer.read_gguf_tokenizer(path)
+      return cls(backend, config, chat_template=config.get("chat_template"))
     file = os.path.join(path, "tokenizer.json")
     if not os.path.exists(file):
       hint = (" It has only a SentencePiece tokenizer.model: save it once with "
@@ -120,6 +126,20 @@ class HFTokenizer:
     gen = [] if gen is None else [gen] if isinstance(gen, int) else list(gen)
     return cls(tokenizers.Tokenizer.from_file(file), config, chat_template=template,
                generation_eos=[int(i) for i in gen])
+
+  def save(self, path: str) -> None:
+    """Writes ``tokenizer.json`` and ``tokenizer_config.json`` (special
+    tokens, ``add_bos_token``, the chat template) to the directory ``path``,
+    as transformers' ``AutoTokenizer`` reads them."""
+    os.makedirs(path, exist_ok=True)
+    self.backend.save(os.path.join(path, "tokenizer.json"))
+    config = {k: v for k, v in self.config.items() if k != "added_tokens_decoder"}
+    config.update(self.special_tokens, add_bos_token=self.add_bos_token,
+                  tokenizer_class="PreTrainedTokenizerFast")
+    if self.chat_template is not None:
+      config["chat_template"] = self.chat_template
+    with open(os.path.join(path, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+      json.dump(config, f, indent=1, ensure_ascii=False)
 
   # ---------------------------------------------------------------- vocabulary
   @property

@@ -67,8 +67,8 @@ def model_config(cfg) -> model_lib.TransformerConfig:
   """The validated model config, ``attn_impl`` resolved for this platform
   (``"auto"`` becomes a backend; one that cannot run here is refused).
 
-  With ``config.model.init_from`` (a Hugging Face checkpoint directory) the
-  architecture is the checkpoint's and only :data:`RUNTIME_KEYS` of
+  With ``config.model.init_from`` (a Hugging Face checkpoint directory or a
+  GGUF file) the architecture is the checkpoint's and only :data:`RUNTIME_KEYS` of
   ``config.model`` apply; otherwise it is ``config.model`` with the
   project tokenizer's vocabulary."""
   m = dict(cfg.model)
@@ -491,12 +491,15 @@ def _validate_context(cfg) -> None:
 
 
 def _validate_init_from(cfg, path: str) -> None:
-  """``config.model.init_from``: a local checkpoint with its own tokenizer,
+  """``config.model.init_from``: a local checkpoint (a Hugging Face
+  directory or a GGUF file) with its own tokenizer,
   which only host environments can use."""
   where = f"config.model.init_from={path!r}"
-  if not os.path.isdir(path):
+  if model_lib.hf.is_gguf(path) and not os.path.isfile(path):
+    _err(f"{where}: no such GGUF file (python -m experiments.get_model fetches one)")
+  if not model_lib.hf.is_gguf(path) and not os.path.isdir(path):
     _err(f"{where} is not a directory: give a local Hugging Face checkpoint (config.json, "
-         "*.safetensors, tokenizer files); nothing is downloaded")
+         "*.safetensors, tokenizer files) or a .gguf file; nothing is downloaded")
   if cfg.tasks.get("source", "jax") != "host":
     _err(f"{where}: a checkpoint's own tokenizer lacks the reserved single-id tokens the "
          "built-in jitted task families read, so a pretrained policy trains on host "

@@ -5,7 +5,7 @@ measured.
 ``transformers.AutoModelForCausalLM.from_pretrained`` loads: the weights
 (``agentic_rl.model.hf.save_hf_checkpoint``) and, for a policy that started
 from a checkpoint (``config.model.init_from``), that checkpoint's tokenizer
-files and chat template, so a server puts the same tokens around each turn
+files and chat template (a GGUF file's rebuilt as ``tokenizer.json``), so a server puts the same tokens around each turn
 as the rollouts did.
 
 :func:`deploy_check` is invariant 3's third distribution: the exported model
@@ -29,6 +29,7 @@ import numpy as np
 from agentic_rl import model as model_lib
 from agentic_rl.model import hf, lora
 from agentic_rl.rollout.context import scored_rows
+from agentic_rl.text.hf_tokenizer import HFTokenizer
 
 DEPLOY_CHECK = ("auto", "on", "off")
 # What a checkpoint directory holds besides its weights and config.json.
@@ -47,7 +48,9 @@ def export_policy(cfg, config: model_lib.TransformerConfig, params, out: str) ->
   config, params = lora.merge(params, config)
   hf.save_hf_checkpoint(out, config, params)
   source = cfg.model.get("init_from", "")
-  if source:
+  if source and hf.is_gguf(source):
+    HFTokenizer.from_pretrained(source).save(out)
+  elif source:
     for name in TOKENIZER_FILES:
       if os.path.exists(os.path.join(source, name)):
         shutil.copyfile(os.path.join(source, name), os.path.join(out, name))

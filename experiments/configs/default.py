@@ -14,7 +14,9 @@ Variants (the ``:arg`` suffix, comma-separated): ``tiny`` (seconds, for tests),
 truncated importance sampling), ``ledger`` (the long-horizon host family
 whose tool results outgrow the context: ``--config.context.policy``),
 ``stagewise`` (one RL stage per task family, ``rl_<family>``, in order),
-``composed`` (the synthesised family of ``experiments/tasks/composed.json``).
+``composed`` (the synthesised family of ``experiments/tasks/composed.json``),
+``smollm`` (SmolLM2-135M-Instruct from ``experiments.get_model`` on the
+guess-the-number game).
 """
 
 import copy
@@ -189,9 +191,13 @@ def _distill_stage() -> ml_collections.ConfigDict:
   ))
 
 
+# Where ``python -m experiments.get_model smollm2-135m-instruct`` puts the model.
+SMOLLM_GGUF = "/tmp/agentic_rl_models/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
   variants = {a for a in arg.split(",") if a}
-  valid = ("tiny", "calc", "offpolicy", "ledger", "stagewise", "composed", "gem")
+  valid = ("tiny", "calc", "offpolicy", "ledger", "stagewise", "composed", "gem", "smollm")
   unknown = variants - set(valid)
   if unknown:
     raise ValueError(f"unknown config variant(s) {sorted(unknown)}; valid: {', '.join(valid)}")
@@ -213,7 +219,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       lora_targets=("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"),
       lora_dtype="float32",
       # A local Hugging Face checkpoint directory (Llama, Qwen2/2.5, Qwen3,
-      # Gemma 1/2/3) to start from: its config.json gives the architecture
+      # Gemma 1/2/3) or GGUF file (pip install -e ".[gguf]") to start from:
+      # its config.json (a GGUF's metadata) gives the architecture
       # (of the keys above only dtype, param_dtype, attn_impl, remat and the
       # lora_* ones apply), its weights the parameters, its tokenizer and chat
       # template the codec. Its tokenizer lacks the reserved tokens the jitted
@@ -358,6 +365,24 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.sft.update(steps=30, batch_size=16, num_demos=1024, pack=False)
     c.rl.update(iterations=20, prompts_per_step=16, share_prefix=True, learning_rate=5e-4)
     c.eval.update(every=5, num_prompts=64, pass_k_prompts=16)
+  if "smollm" in variants:
+    # SmolLM2-135M-Instruct (python -m experiments.get_model
+    # smollm2-135m-instruct writes it where init_from points) on the built-in
+    # guess-the-number game, through its own chat template, sized for a
+    # 2-core CPU: a short warm start on binary-search demonstrations teaches
+    # the game's <answer>n</answer> format, then RL at a pretrained model's
+    # learning rate.
+    c.model.init_from = SMOLLM_GGUF
+    c.tasks.update(source="host", host_env="guess_number",
+                   host_kwargs='{"high": 8, "max_guesses": 4}', max_obs_tokens=32,
+                   train_size=4096, test_size=64)
+    c.sampling.update(max_turns=4, max_new_tokens_per_turn=16, max_total_tokens=192)
+    c.sft.update(steps=20, batch_size=8, num_demos=256, learning_rate=3e-5, warmup_steps=2,
+                 demo_noise=0.2)
+    c.rl.update(iterations=10, prompts_per_step=4, group_size=4, learning_rate=2e-6,
+                share_prefix=True)
+    c.eval.update(every=5, num_prompts=32, pass_k=2, pass_k_prompts=16, batch_rows=32)
+    c.checkpoint.every = 5
   if "composed" in variants:
     # A synthesised family (experiments/tasks/composed.json, written by
     # experiments.synthesize): programs over the built-in tools.
