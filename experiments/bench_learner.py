@@ -64,24 +64,6 @@ from experiments import common
 
 LAYOUTS = ("data", "fsdp")
 
-_OUT = flags.DEFINE_string("out", "runs/bench_learner.json", "JSON output path.")
-_BATCH = flags.DEFINE_integer("batch", 16, "Rows per batch.")
-_SEQ_LEN = flags.DEFINE_integer("seq_len", 128, "Tokens per row.")
-_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 32, "Prompt tokens per row (no loss).")
-_D_MODEL = flags.DEFINE_integer("d_model", 128, "Model width.")
-_N_LAYERS = flags.DEFINE_integer("n_layers", 2, "Decoder layers.")
-_N_HEADS = flags.DEFINE_integer("n_heads", 4, "Attention heads (MHA).")
-_MLP_DIM = flags.DEFINE_integer("mlp_dim", 512, "SwiGLU hidden width.")
-_VOCAB = flags.DEFINE_integer("vocab", 1024, "Vocabulary size.")
-_REPEATS = flags.DEFINE_integer("repeats", 10, "Timed rounds (each times every contender once).")
-_WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps per contender after compiling.")
-_SEED = flags.DEFINE_integer("seed", 0, "Seed for weights and batch.")
-_CPU_DEVICES = flags.DEFINE_integer("cpu_devices", 2, "XLA host devices on CPU.")
-_TUNIX = flags.DEFINE_enum("tunix", "auto", ["auto", "off"],
-                           "auto: time Tunix's step where tunix imports.")
-_ATTN_IMPL = flags.DEFINE_enum("attn_impl", "xla", ["xla", "xla_vjp"],
-                               "Our model's attn_impl (TransformerConfig).")
-
 
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
@@ -134,12 +116,14 @@ def mesh_config(layout: str) -> sharding.MeshConfig:
           "fsdp": sharding.MeshConfig(data=1, fsdp=-1)}[layout]
 
 
-def ours(layout: str, model_config, params, batch, optimizer):
-  """``(run, compile_s)``: ``run()`` applies one update and waits for it."""
+def ours(layout: str, model_config, params, batch, optimizer, micro_batches: int = 1):
+  """``(run, compile_s)``: ``run()`` applies one update (its gradient
+  accumulated over ``micro_batches`` parts of the batch) and waits for it."""
   mesh = sharding.make_mesh(mesh_config(layout))
   loss_fn = learner.rl_loss(model_config, objectives.ObjectiveConfig(loss="ppo"))
   step, state_sh = learner.shard_train_step(
-      learner.make_train_step(loss_fn, optimizer), mesh, model_config, optimizer, params)
+      learner.make_train_step(loss_fn, optimizer, micro_batches=micro_batches), mesh,
+      model_config, optimizer, params)
   box = [jax.device_put(learner.init_train_state(params, optimizer), state_sh)]
   batch = sharding.shard_batch(batch, mesh)
 
@@ -337,5 +321,30 @@ def main(argv):
   print(f"wrote {_OUT.value}")
 
 
+def _define_flags():
+  """The command line (defined only when run as a script: the module's
+  functions are imported beside other experiments)."""
+  global _OUT, _BATCH, _SEQ_LEN, _PROMPT_LEN, _D_MODEL, _N_LAYERS, _N_HEADS, _MLP_DIM
+  global _VOCAB, _REPEATS, _WARMUP, _SEED, _CPU_DEVICES, _TUNIX, _ATTN_IMPL
+  _OUT = flags.DEFINE_string("out", "runs/bench_learner.json", "JSON output path.")
+  _BATCH = flags.DEFINE_integer("batch", 16, "Rows per batch.")
+  _SEQ_LEN = flags.DEFINE_integer("seq_len", 128, "Tokens per row.")
+  _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 32, "Prompt tokens per row (no loss).")
+  _D_MODEL = flags.DEFINE_integer("d_model", 128, "Model width.")
+  _N_LAYERS = flags.DEFINE_integer("n_layers", 2, "Decoder layers.")
+  _N_HEADS = flags.DEFINE_integer("n_heads", 4, "Attention heads (MHA).")
+  _MLP_DIM = flags.DEFINE_integer("mlp_dim", 512, "SwiGLU hidden width.")
+  _VOCAB = flags.DEFINE_integer("vocab", 1024, "Vocabulary size.")
+  _REPEATS = flags.DEFINE_integer("repeats", 10, "Timed rounds (each times every contender once).")
+  _WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps per contender after compiling.")
+  _SEED = flags.DEFINE_integer("seed", 0, "Seed for weights and batch.")
+  _CPU_DEVICES = flags.DEFINE_integer("cpu_devices", 2, "XLA host devices on CPU.")
+  _TUNIX = flags.DEFINE_enum("tunix", "auto", ["auto", "off"],
+                             "auto: time Tunix's step where tunix imports.")
+  _ATTN_IMPL = flags.DEFINE_enum("attn_impl", "xla", ["xla", "xla_vjp"],
+                                 "Our model's attn_impl (TransformerConfig).")
+
+
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)

@@ -55,24 +55,6 @@ from agentic_rl import model as model_lib
 from agentic_rl import rollout
 from experiments import common
 
-_OUT = flags.DEFINE_string("out", "runs/bench_rollout.json", "JSON output path.")
-_MODEL = flags.DEFINE_enum("model", "llama_10m", ["llama_10m", "llama_10m_gqa"],
-                           "The TransformerConfig preset to benchmark.")
-_BATCH = flags.DEFINE_integer("batch", 32, "Rows per batch.")
-_NEW = flags.DEFINE_integer("new_tokens", 256, "Tokens sampled per row.")
-_PROMPT = flags.DEFINE_integer("prompt_len", 16, "Prompt tokens per row.")
-_NO_CACHE_STEPS = flags.DEFINE_integer(
-    "no_cache_steps", 8, "Tokens timed for the no-cache baseline (each step "
-    "costs the same).")
-_REPEATS = flags.DEFINE_integer(
-    "repeats", 3, "Timed rounds; each round times every contender once, and "
-    "each contender's best round is reported.")
-_SEED = flags.DEFINE_integer("seed", 0, "Seed for weights and prompts.")
-_CPU_DEVICES = flags.DEFINE_integer(
-    "cpu_devices", None, "XLA host devices on CPU (one per core lets each "
-    "core run its own share of the rows); the engine splits its rows over "
-    "all devices. Default: the most, up to one per core, that split --batch.")
-
 
 def _hf_model(config: model_lib.TransformerConfig, seed: int):
   import torch  # pylint: disable=import-outside-toplevel
@@ -87,6 +69,57 @@ def _hf_model(config: model_lib.TransformerConfig, seed: int):
       max_position_embeddings=4096, bos_token_id=1, eos_token_id=2,
       pad_token_id=0)
   return transformers.LlamaForCausalLM(hf_config).eval()
+
+
+def logits_max_abs_diff(hf, params, config: model_lib.TransformerConfig,
+                        tokens_BxT: np.ndarray) -> float:
+  """Max |logit difference| between the torch model ``hf`` and ours
+  (``params``, ``config``) on ``tokens_BxT``: whether both hold the same
+  weights."""
+  import torch  # pylint: disable=import-outside-toplevel
+  with torch.inference_mode():
+    hf_logits = hf(torch.from_numpy(tokens_BxT).long()).logits.float().numpy()
+  ours = np.asarray(model_lib.forward(params, tokens_BxT, config))
+  return float(np.max(np.abs(hf_logits - ours)))
+
+
+def engine_contender(engine: rollout.RolloutEngine, params, prompts_BxL: np.ndarray,
+                     lens_B: np.ndarray, key, *, name: str = "engine"):
+  """``(run, compile_s)`` for plain generation (no environment, no stop
+  ids) of ``prompts_BxL`` by ``engine``: ``run()`` samples the batch and
+  waits for it. The first call, compilation included, is timed as
+  ``compile_s`` and checked to fill every row to ``engine.max_len``."""
+  run = functools.partial(engine.rollout, params, prompts_BxL, lens_B, None, key, 0)
+  start = time.perf_counter()
+  out = jax.block_until_ready(run())
+  compile_s = time.perf_counter() - start
+  T = engine.max_len
+  if not np.all(np.asarray(out.length_B) == T):
+    raise RuntimeError(f"{name} rows hold {np.asarray(out.length_B)} tokens, "
+                       f"expected {T}")
+  return (lambda: jax.block_until_ready(run().tokens_BxT)), compile_s
+
+
+def hf_generate_contender(hf, prompts_BxL: np.ndarray, new_tokens: int):
+  """``run()``: ``hf.generate`` sampling exactly ``new_tokens`` tokens per
+  row of ``prompts_BxL`` (KV cache, ``do_sample``, temperature 1, no top-k
+  or top-p, ``min_new_tokens = max_new_tokens``), after one short warm-up
+  call."""
+  import torch  # pylint: disable=import-outside-toplevel
+  input_ids = torch.from_numpy(prompts_BxL).long()
+  expected = (prompts_BxL.shape[0], prompts_BxL.shape[1] + new_tokens)
+  gen = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+             max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
+
+  def hf_generate():
+    with torch.inference_mode():
+      out = hf.generate(input_ids, **gen)
+    if tuple(out.shape) != expected:
+      raise RuntimeError(f"generate returned {tuple(out.shape)}, expected {expected}")
+
+  with torch.inference_mode():
+    hf.generate(input_ids, **{**gen, "max_new_tokens": 8, "min_new_tokens": 8})
+  return hf_generate
 
 
 def _no_cache_sampler(params, config, sampling, steps):
@@ -129,10 +162,7 @@ def main(argv):
   prompts = rng.integers(3, config.vocab_size, (B, L)).astype(np.int32)
 
   # Same weights: compare logits on the prompts.
-  with torch.inference_mode():
-    hf_logits = hf(torch.from_numpy(prompts).long()).logits.float().numpy()
-  ours = np.asarray(model_lib.forward(params, prompts, config))
-  logit_diff = float(np.max(np.abs(hf_logits - ours)))
+  logit_diff = logits_max_abs_diff(hf, params, config, prompts)
 
   sampling = rollout.SamplingConfig(max_new_tokens_per_turn=N, max_turns=1,
                                     max_total_tokens=T)
@@ -150,14 +180,8 @@ def main(argv):
     engine = rollout.RolloutEngine(config, sampling, None, batch_size=B,
                                    cache_segments=segments,
                                    row_sharding=row_sharding)
-    run = functools.partial(engine.rollout, params, prompts, lens, None, key, 0)
-    start = time.perf_counter()
-    out = jax.block_until_ready(run())
-    compile_s[name] = time.perf_counter() - start
-    if not np.all(np.asarray(out.length_B) == T):
-      raise RuntimeError(f"{name} rows hold {np.asarray(out.length_B)} tokens, "
-                         f"expected {T}")
-    contenders[name] = lambda run=run: jax.block_until_ready(run().tokens_BxT)
+    contenders[name], compile_s[name] = engine_contender(
+        engine, params, prompts, lens, key, name=name)
 
   steps = min(_NO_CACHE_STEPS.value, N)
   no_cache = _no_cache_sampler(params, config, sampling, steps)
@@ -166,19 +190,7 @@ def main(argv):
   jax.block_until_ready(no_cache(buf, L, key))
   contenders["no_cache"] = lambda: jax.block_until_ready(no_cache(buf, L, key))
 
-  input_ids = torch.from_numpy(prompts).long()
-  gen = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-             max_new_tokens=N, min_new_tokens=N, pad_token_id=0)
-
-  def hf_generate():
-    with torch.inference_mode():
-      out = hf.generate(input_ids, **gen)
-    if out.shape != (B, T):
-      raise RuntimeError(f"generate returned {tuple(out.shape)}, expected {(B, T)}")
-
-  with torch.inference_mode():
-    hf.generate(input_ids, **{**gen, "max_new_tokens": 8, "min_new_tokens": 8})
-  contenders["hf_generate"] = hf_generate
+  contenders["hf_generate"] = hf_generate_contender(hf, prompts, N)
 
   # Interleaved rounds, so a machine that speeds up or slows down during
   # the run (shared CPUs do) affects every contender alike.
@@ -231,5 +243,30 @@ def main(argv):
   print(f"wrote {_OUT.value}")
 
 
+def _define_flags():
+  """The command line (defined only when run as a script: the module's
+  functions are imported beside other experiments)."""
+  global _OUT, _MODEL, _BATCH, _NEW, _PROMPT, _NO_CACHE_STEPS, _REPEATS, _SEED
+  global _CPU_DEVICES
+  _OUT = flags.DEFINE_string("out", "runs/bench_rollout.json", "JSON output path.")
+  _MODEL = flags.DEFINE_enum("model", "llama_10m", ["llama_10m", "llama_10m_gqa"],
+                             "The TransformerConfig preset to benchmark.")
+  _BATCH = flags.DEFINE_integer("batch", 32, "Rows per batch.")
+  _NEW = flags.DEFINE_integer("new_tokens", 256, "Tokens sampled per row.")
+  _PROMPT = flags.DEFINE_integer("prompt_len", 16, "Prompt tokens per row.")
+  _NO_CACHE_STEPS = flags.DEFINE_integer(
+      "no_cache_steps", 8, "Tokens timed for the no-cache baseline (each step "
+      "costs the same).")
+  _REPEATS = flags.DEFINE_integer(
+      "repeats", 3, "Timed rounds; each round times every contender once, and "
+      "each contender's best round is reported.")
+  _SEED = flags.DEFINE_integer("seed", 0, "Seed for weights and prompts.")
+  _CPU_DEVICES = flags.DEFINE_integer(
+      "cpu_devices", None, "XLA host devices on CPU (one per core lets each "
+      "core run its own share of the rows); the engine splits its rows over "
+      "all devices. Default: the most, up to one per core, that split --batch.")
+
+
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)

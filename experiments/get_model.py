@@ -35,8 +35,6 @@ MODELS = {
 }
 
 DEFAULT_OUT = "/tmp/agentic_rl_models"
-_OUT = flags.DEFINE_string("out", DEFAULT_OUT, "Directory for the GGUF file.")
-_HF_DIR = flags.DEFINE_string("hf_dir", "", "Also write a Hugging Face directory here.")
 
 
 def fetch(name: str, out: str) -> str:
@@ -74,12 +72,16 @@ def write_hf_dir(gguf_path: str, out: str) -> str:
 def main(argv):
   if len(argv) != 2:
     raise app.UsageError(f"name one model: {', '.join(MODELS)}")
-  path = fetch(argv[1], _OUT.value)
+  path = fetch(argv[1], flags.FLAGS.out)
   print(path)
-  if _HF_DIR.value:
-    arch = write_hf_dir(path, _HF_DIR.value)
-    print(f"wrote {arch} to {_HF_DIR.value}")
+  if flags.FLAGS.hf_dir:
+    arch = write_hf_dir(path, flags.FLAGS.hf_dir)
+    print(f"wrote {arch} to {flags.FLAGS.hf_dir}")
 
 
 if __name__ == "__main__":
+  # Defined here, not on import, so that tests may import this module
+  # beside other experiments that define flags of the same names.
+  flags.DEFINE_string("out", DEFAULT_OUT, "Directory for the GGUF file.")
+  flags.DEFINE_string("hf_dir", "", "Also write a Hugging Face directory here.")
   app.run(main)

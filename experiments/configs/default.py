@@ -377,12 +377,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                    host_kwargs='{"high": 8, "max_guesses": 4}', max_obs_tokens=32,
                    train_size=4096, test_size=64)
     c.sampling.update(max_turns=4, max_new_tokens_per_turn=16, max_total_tokens=192)
-    c.sft.update(steps=20, batch_size=8, num_demos=256, learning_rate=3e-5, warmup_steps=2,
+    c.sft.update(steps=16, batch_size=8, num_demos=64, learning_rate=3e-5, warmup_steps=2,
                  demo_noise=0.2)
-    c.rl.update(iterations=10, prompts_per_step=4, group_size=4, learning_rate=2e-6,
+    c.rl.update(iterations=6, prompts_per_step=4, group_size=4, learning_rate=2e-6,
                 share_prefix=True)
-    c.eval.update(every=5, num_prompts=32, pass_k=2, pass_k_prompts=16, batch_rows=32)
-    c.checkpoint.every = 5
+    c.eval.update(every=3, num_prompts=16, pass_k=2, pass_k_prompts=8, batch_rows=16)
+    c.checkpoint.every = 3
   if "composed" in variants:
     # A synthesised family (experiments/tasks/composed.json, written by
     # experiments.synthesize): programs over the built-in tools.
