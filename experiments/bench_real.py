@@ -24,16 +24,20 @@ speed affects all alike.
 
 1. ``peak``: ``peak_gflops`` = {"xla_f32", "torch_f32", "xla_bf16",
    "torch_bf16"}: a ``--matmul_size`` square matmul (``jax.jit`` of
-   ``jnp.matmul`` with the project's XLA options, ``model.compiler_options``;
-   ``torch.mm``), ``2 n^3`` flops per call; bfloat16 only where the CPU has
+   ``jnp.matmul`` with float32 accumulation and result, as the model
+   multiplies, and the project's XLA options for the dtype,
+   ``model.compiler_options``; ``torch.mm``), ``2 n^3`` flops per call;
+   bfloat16 only where the CPU has
    ``avx512_bf16`` or ``amx_bf16`` (``/proc/cpuinfo``), else null.
 2. ``rollout``: for each of ``--rollout_batches`` rows of random
    ``--rollout_prompt_len``-token prompts, ``--rollout_new_tokens`` tokens
    sampled per row at temperature 1 with no stop token: ``RolloutEngine``
    (rows split over the XLA devices, as ``experiments.bench_rollout``'s
    ``engine``) against transformers ``generate`` (``do_sample``,
-   ``min_new_tokens = max_new_tokens``). ``rollout_vs_generate`` = {batch:
-   generate's seconds / the engine's}; ``rollout`` holds each one's tokens/s.
+   ``min_new_tokens = max_new_tokens``), both in ``--rollout_dtype``
+   (bfloat16: ours computes in it from float32 weights, transformers runs
+   the model cast to it). ``rollout_vs_generate`` = {batch: generate's
+   seconds / the engine's}; ``rollout`` holds each one's tokens/s.
 3. ``learner``: one PPO-clip (token-mean) update with AdamW and global-norm
    clipping on ``--learner_batch`` rows of ``--learner_seq_len`` tokens (the
    first ``--learner_prompt_len`` of each a prompt, loss mask 0; random
@@ -87,9 +91,14 @@ speed affects all alike.
    saying why, where TRL cannot run (not installed, no tokenizer, failed).
    ``e2e`` holds both's seconds and our fastest iteration's split into
    rollout and update.
-5. ``trainer_overhead``: null here. It is to hold the cost of an RL
-   iteration inside ``experiments.train`` against the engine rollout and
-   learner step alone; it is measured elsewhere.
+5. ``trainer``: ``trainer_overhead``, the cost of an RL iteration inside
+   ``experiments.train`` (the ``smollm`` config variant on ``--model``, RL
+   only, one-turn episodes of the e2e figure's sizes on the
+   guess-the-number host environment) over its engine rollout plus its
+   learner step timed alone on the same batch (:func:`trainer_figure`);
+   ``trainer`` holds the iterations' seconds, the fastest one's rollout and
+   learner phases as the trainer times them (``perf/rollout_s``,
+   ``perf/learner_s``) and the two timed alone.
 
 Keys of the figures not run (``--only``) are null. The JSON also holds the
 machine (CPU model, cores, bfloat16 flags), the date, the jax, torch,
@@ -111,6 +120,7 @@ import dataclasses
 import datetime
 import functools
 import gc
+import json
 import os
 import platform
 import sys
@@ -123,6 +133,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app
 from absl import flags
+from absl import logging
 
 from agentic_rl import model as model_lib
 from agentic_rl import objectives
@@ -137,10 +148,10 @@ from experiments import bench_learner
 from experiments import bench_rollout
 from experiments import common
 
-FIGURES = ("peak", "rollout", "learner", "e2e")
+FIGURES = ("peak", "rollout", "learner", "e2e", "trainer")
 # The goals the figures are read against (printed with the table).
 GOALS = {"rollout_vs_generate": 2.0, "learner_vs_torch": 1.0, "learner_vs_torch_bf16": 1.2,
-         "learner_peak_frac": 0.6, "e2e_vs_trl": 2.5}
+         "learner_peak_frac": 0.6, "e2e_vs_trl": 2.5, "trainer_overhead": 1.3}
 _WORDS = ("the", "model", "answers", "a", "question", "about", "numbers", "and", "tools",
           "then", "checks", "each", "step", "of", "its", "work", "before", "it", "writes",
           "result", "42", "7", "plus", "times", "city", "weather", "file", "lines")
@@ -157,6 +168,7 @@ class Config:
   rollout_batches: tuple[int, ...] = (16, 64)
   rollout_prompt_len: int = 256
   rollout_new_tokens: int = 128
+  rollout_dtype: str = "float32"  # both contenders' compute dtype: float32 or bfloat16
   learner_batch: int = 16
   learner_seq_len: int = 512
   learner_prompt_len: int = 256
@@ -180,6 +192,8 @@ class Config:
       raise ValueError("learner_micro_batches must divide learner_batch")
     if not 0 <= self.learner_prompt_len < self.learner_seq_len:
       raise ValueError("learner_prompt_len must be in [0, learner_seq_len)")
+    if self.rollout_dtype not in ("float32", "bfloat16"):
+      raise ValueError(f"rollout_dtype is float32 or bfloat16, got {self.rollout_dtype!r}")
     if self.bf16 not in ("auto", "off") or self.trl not in ("auto", "off"):
       raise ValueError("bf16 and trl are 'auto' or 'off'")
     return self
@@ -282,11 +296,13 @@ def peak_gflops(n: int, rounds: int, bf16: bool) -> dict:
   import torch  # pylint: disable=import-outside-toplevel
   rng = np.random.default_rng(0)
   a_np, b_np = (rng.standard_normal((n, n), np.float32) for _ in range(2))
-  matmul = jax.jit(jnp.matmul, compiler_options=model_lib.compiler_options())
   contenders = {}
   for dtype in ("f32", "bf16") if bf16 else ("f32",):
     jdt, tdt = {"f32": (jnp.float32, torch.float32),
                 "bf16": (jnp.bfloat16, torch.bfloat16)}[dtype]
+    # As the model multiplies: float32 accumulation and result.
+    matmul = jax.jit(functools.partial(jnp.matmul, preferred_element_type=jnp.float32),
+                     compiler_options=model_lib.compiler_options(None, jdt))
     a, b = jnp.asarray(a_np, jdt), jnp.asarray(b_np, jdt)
     ta, tb = torch.from_numpy(a_np).to(tdt), torch.from_numpy(b_np).to(tdt)
     contenders[f"xla_{dtype}"] = functools.partial(
@@ -315,6 +331,10 @@ def rollout_figure(cfg: Config, config, params, hf, prompts_BxL: np.ndarray) -> 
   L, N = cfg.rollout_prompt_len, cfg.rollout_new_tokens
   sampling = rollout.SamplingConfig(max_new_tokens_per_turn=N, max_turns=1,
                                     max_total_tokens=L + N)
+  if cfg.rollout_dtype == "bfloat16":
+    import torch  # pylint: disable=import-outside-toplevel
+    config = dataclasses.replace(config, dtype="bfloat16")
+    hf = copy.deepcopy(hf).to(torch.bfloat16)
   key = jax.random.key(cfg.seed)
   contenders, compile_s = {}, {}
   for B in cfg.rollout_batches:
@@ -429,7 +449,6 @@ def learner_figure(cfg: Config, config, params, hf, bf16: bool, peak: dict | Non
   batch = bench_learner.make_batch(bench, config, host_params)
   opt_config = objectives.OptimizerConfig()
   optimizer = objectives.make_optimizer(opt_config)
-  hf_train = copy.deepcopy(hf)  # trained in place; one copy for both precisions
   compile_s, logp_diff, times = {}, {}, {}
   precisions = ("f32", "bf16") if bf16 else ("f32",)
   mask = batch["loss_mask_BxT"] > 0
@@ -443,16 +462,15 @@ def learner_figure(cfg: Config, config, params, hf, bf16: bool, peak: dict | Non
         "data", ours_config, host_params, batch, optimizer,
         micro_batches=cfg.learner_micro_batches)
     start = time.perf_counter()
+    hf_train = copy.deepcopy(hf)  # trained in place: each precision from the same weights
     contenders["torch", precision], torch_logp = torch_learner(
         hf_train, batch, opt_config, bf16=precision == "bf16",
         micro_batches=cfg.learner_micro_batches)
     compile_s[f"torch_{precision}_first_step"] = time.perf_counter() - start
     logp_diff[precision] = float(np.max(np.abs(torch_logp - batch["old_logp_BxT"])[mask]))
     times.update(common.time_interleaved(contenders, warmup=0, repeats=cfg.rounds))
-    del contenders
+    del contenders, hf_train
     gc.collect()
-  del hf_train
-  gc.collect()
   num_params = sum(int(x.size) for x in jax.tree.leaves(host_params))
   flops = learner_flops(config, num_params, cfg.learner_batch, cfg.learner_seq_len)
   detail = {"flops_per_step": flops, "model_params": num_params, "compile_s": compile_s,
@@ -658,6 +676,107 @@ def e2e_figure(cfg: Config, config, params, hf) -> dict:
           "e2e_error": error, "e2e": detail}
 
 
+# ------------------------------------------------------------------ 5. trainer
+def trainer_config(cfg: Config):
+  """The ``smollm`` config variant on ``cfg.model``, RL only: ``cfg.rounds +
+  2`` iterations of ``e2e_prompts`` x ``e2e_samples`` one-turn episodes of
+  at most ``e2e_new_tokens`` tokens, uniform allocation (no dynamic
+  resampling: a fixed amount of work), no checkpoint, evaluation or deploy
+  check before the last iteration."""
+  from experiments.configs import default as default_config  # pylint: disable=import-outside-toplevel
+  c = default_config.get_config("smollm")
+  c.model.init_from = cfg.model
+  c.stages = ("rl",)
+  c.sampling.update(max_turns=1, max_new_tokens_per_turn=cfg.e2e_new_tokens)
+  c.rl.update(iterations=cfg.rounds + 2, prompts_per_step=cfg.e2e_prompts,
+              group_size=cfg.e2e_samples)
+  c.rl.signal.allocation = "uniform"
+  c.eval.update(every=10**6, num_prompts=4, pass_k=1, batch_rows=4)
+  c.checkpoint.every = 10**6
+  c.export.deploy_check = "off"
+  c.seed = cfg.seed
+  return c
+
+
+def trainer_figure(cfg: Config) -> dict:
+  """``experiments.train``'s RL iterations against the same work alone.
+
+  The trainer (``train.loop.train`` on :func:`trainer_config`) runs ``rounds
+  + 2`` iterations: the first compiles, the last evaluates, and the
+  iterations between are timed (``perf/step_s``: collection on the host
+  environment, rewards, advantages, scoring, the update, the invariants'
+  metrics and controllers, logging). The last iteration's rollouts and
+  learner batch are kept, and then timed alone, interleaved, for
+  ``rounds``: the trainer's ``RolloutEngine`` (its sampling, codec and stop
+  tokens, no environment) on the same first prompts, and the stage's
+  compiled learner step on the same batch. ``trainer_overhead`` = the
+  trainer's fastest iteration / (the fastest rollout alone + the fastest
+  step alone)."""
+  from agentic_rl.train import loop  # pylint: disable=import-outside-toplevel
+  kept = {}
+  build, rl_iteration, update = loop.build, rl_lib.rl_iteration, rl_lib.update
+  last = cfg.rounds + 1
+
+  def keep_run(c):
+    kept["run"] = build(c)
+    return kept["run"]
+
+  def keep_collected(run, stage, state, collected, controls):
+    if collected.step == last:
+      kept.update(stage=stage, collected=collected)
+    return rl_iteration(run, stage, state, collected, controls)
+
+  def keep_batch(stage, state, learn_batch):
+    if "stage" in kept and "batch" not in kept:  # the last iteration's update
+      kept.update(batch=learn_batch, state=jax.tree.map(jnp.copy, state))
+    return update(stage, state, learn_batch)
+
+  with tempfile.TemporaryDirectory() as workdir:
+    loop.build, rl_lib.rl_iteration, rl_lib.update = keep_run, keep_collected, keep_batch
+    try:
+      start = time.perf_counter()
+      loop.train(trainer_config(cfg), workdir)
+      train_s = time.perf_counter() - start
+    finally:
+      loop.build, rl_lib.rl_iteration, rl_lib.update = build, rl_iteration, update
+    records = [r for r in map(json.loads, open(os.path.join(workdir, "metrics.jsonl")))
+               if "perf/rollout_s" in r]
+  timed = records[1:-1]
+  run, stage, collected = kept["run"], kept["stage"], kept["collected"]
+  ro = collected.batch
+  rows = ro.tokens_BxT.shape[0]
+  L = int(np.max(ro.prompt_len_B))
+  engine = run.engine(stage.sampling, rows)
+  params = jax.tree.map(jnp.copy, kept["state"].params)  # the step donates the state
+  box = [kept["state"]]
+  key = jax.random.key(cfg.seed)
+
+  def rollout_alone():
+    out = engine.rollout(params, np.asarray(ro.tokens_BxT[:, :L]), np.asarray(ro.prompt_len_B),
+                         None, key, 0)
+    jax.block_until_ready(out.tokens_BxT)
+
+  def step_alone():
+    box[0], m, _ = stage.step_fn(box[0], kept["batch"])
+    jax.block_until_ready(m)
+
+  start = time.perf_counter()
+  rollout_alone()
+  step_alone()
+  compile_s = time.perf_counter() - start
+  times = common.time_interleaved({"rollout": rollout_alone, "step": step_alone}, warmup=0,
+                                  repeats=cfg.rounds)
+  best = min(timed, key=lambda r: r["perf/step_s"])
+  alone = _best(times["rollout"]) + _best(times["step"])
+  detail = {"iteration_s": [r["perf/step_s"] for r in timed],
+            "fastest": {k: best[k] for k in ("perf/step_s", "perf/rollout_s", "perf/learner_s")},
+            "rollout_alone_s": _best(times["rollout"]), "step_alone_s": _best(times["step"]),
+            "alone_compile_s": compile_s, "train_s": train_s, "rows": rows,
+            "policy_tokens": int(np.sum(ro.loss_mask_BxT)),
+            "tokens_per_row": int(ro.tokens_BxT.shape[1])}
+  return {"trainer_overhead": best["perf/step_s"] / alone, "trainer": detail}
+
+
 # ------------------------------------------------------------------ the run
 def run(cfg: Config, progress=None) -> dict:
   """Runs the figures of ``cfg.only``; returns the JSON record.
@@ -683,14 +802,14 @@ def run(cfg: Config, progress=None) -> dict:
             "learner_vs_torch": None, "learner_vs_torch_bf16": None,
             "learner_peak_frac": None, "learner_peak_frac_bf16": None, "learner": None,
             "e2e_vs_trl": None, "e2e_error": None, "e2e": None,
-            # Filled in by the trainer's own benchmark (the module docstring).
-            "trainer_overhead": None,
+            "trainer_overhead": None, "trainer": None,
             "logits_max_abs_diff_vs_torch": logit_diff}
   figures = {
       "peak": lambda: {"peak_gflops": peak_gflops(cfg.matmul_size, cfg.rounds, bf16)},
       "rollout": lambda: rollout_figure(cfg, config, params, hf, prompts_BxL),
       "learner": lambda: learner_figure(cfg, config, params, hf, bf16, result["peak_gflops"]),
       "e2e": lambda: e2e_figure(cfg, config, params, hf),
+      "trainer": lambda: trainer_figure(cfg),
   }
   if progress is not None:
     progress("load", result)
@@ -760,6 +879,11 @@ def print_table(result: dict) -> None:
           f"{_fmt(result['e2e_vs_trl']):>8}{GOALS['e2e_vs_trl']:>7.1f}")
     if result["e2e_error"]:
       print(f"  TRL not timed: {result['e2e_error']}")
+  if result["trainer"]:
+    t = result["trainer"]
+    print(f"{'trainer iteration s':<26}{t['fastest']['perf/step_s']:>12.2f}"
+          f"{t['rollout_alone_s'] + t['step_alone_s']:>12.2f}"
+          f"{result['trainer_overhead']:>8.2f}{GOALS['trainer_overhead']:>7.1f}")
   print("seconds per figure: " + ", ".join(
       f"{k} {v:.0f}" for k, v in result["figure_seconds"].items()))
 
@@ -769,7 +893,8 @@ def _define_flags():
   """The command line (defined only when run as a script, so that tests and
   other experiments import the module beside the benchmarks it reuses)."""
   global _MODEL, _OUT, _ROUNDS, _ONLY, _MATMUL, _ROLLOUT_BATCHES, _ROLLOUT_PROMPT
-  global _ROLLOUT_NEW, _LEARNER_BATCH, _LEARNER_SEQ, _LEARNER_PROMPT, _LEARNER_MICRO
+  global _ROLLOUT_NEW, _ROLLOUT_DTYPE, _LEARNER_BATCH, _LEARNER_SEQ, _LEARNER_PROMPT
+  global _LEARNER_MICRO
   global _E2E_PROMPTS, _E2E_SAMPLES, _E2E_NEW, _E2E_PROMPT, _E2E_SHARE, _BF16, _TRL
   global _SEED, _CPU_DEVICES
   _MODEL = flags.DEFINE_string("model", None, "A GGUF file or a Hugging Face checkpoint dir.")
@@ -780,6 +905,10 @@ def _define_flags():
   _ROLLOUT_BATCHES = flags.DEFINE_list("rollout_batches", ["16", "64"], "Rollout batch sizes.")
   _ROLLOUT_PROMPT = flags.DEFINE_integer("rollout_prompt_len", 256, "Rollout prompt tokens.")
   _ROLLOUT_NEW = flags.DEFINE_integer("rollout_new_tokens", 128, "Rollout tokens per row.")
+  _ROLLOUT_DTYPE = flags.DEFINE_enum(
+      "rollout_dtype", "float32", ["float32", "bfloat16"],
+      "Rollout: both contenders' compute dtype (ours: weights float32, computed in it; "
+      "transformers: the model cast to it).")
   _LEARNER_BATCH = flags.DEFINE_integer("learner_batch", 16, "Learner rows.")
   _LEARNER_SEQ = flags.DEFINE_integer("learner_seq_len", 512, "Learner tokens per row.")
   _LEARNER_PROMPT = flags.DEFINE_integer("learner_prompt_len", 256,
@@ -808,6 +937,7 @@ def config_from_flags() -> Config:
       matmul_size=_MATMUL.value,
       rollout_batches=tuple(int(b) for b in _ROLLOUT_BATCHES.value),
       rollout_prompt_len=_ROLLOUT_PROMPT.value, rollout_new_tokens=_ROLLOUT_NEW.value,
+      rollout_dtype=_ROLLOUT_DTYPE.value,
       learner_batch=_LEARNER_BATCH.value, learner_seq_len=_LEARNER_SEQ.value,
       learner_prompt_len=_LEARNER_PROMPT.value,
       learner_micro_batches=_LEARNER_MICRO.value, e2e_prompts=_E2E_PROMPTS.value,
@@ -818,6 +948,8 @@ def config_from_flags() -> Config:
 
 def main(argv):
   del argv
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # the trainer figure's checkpoints log at INFO
   cfg = config_from_flags()
   # Before anything starts a JAX backend.
   jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value)

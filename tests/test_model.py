@@ -3,6 +3,7 @@
 import dataclasses
 import functools
 import math
+import re
 
 import chex
 import jax
@@ -660,7 +661,12 @@ def test_compiler_options_per_platform():
   assert model.compiler_options("cpu") == {
       "xla_cpu_experimental_ynn_fusion_type": "",
       "xla_cpu_prefer_vector_width": "512"}
+  assert model.compiler_options("cpu", jnp.float32) == model.compiler_options("cpu")
+  # 16-bit compute keeps YNNPACK, whose matmuls use the CPU's bfloat16 units.
+  for low in (jnp.bfloat16, "bfloat16", jnp.float16):
+    assert model.compiler_options("cpu", low) == {"xla_cpu_prefer_vector_width": "512"}
   assert model.compiler_options("gpu") is None
+  assert model.compiler_options("gpu", jnp.bfloat16) is None
   assert model.compiler_options("tpu") is None
   assert model.compiler_options() == model.compiler_options(jax.default_backend())
   mesh = jax.make_mesh((1,), ("x",), devices=jax.devices()[:1],
@@ -668,6 +674,51 @@ def test_compiler_options_per_platform():
   assert model.mesh_platform(mesh) == jax.devices()[0].platform
   abstract = jax.sharding.AbstractMesh((2,), ("x",))
   assert model.mesh_platform(abstract) == jax.default_backend()
+
+
+@pytest.mark.parametrize("use_jit", [False, True])
+def test_bf16_matmul_matches_float32_accumulation_and_its_gradients(use_jit):
+  # _matmul_low: x @ w with bfloat16 operands, float32 accumulation, a
+  # bfloat16 result; its backward takes bfloat16 operands too, and the
+  # float32 weight gets a float32 gradient.
+  from agentic_rl.model import transformer  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.standard_normal((6, 8)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((8, 5)), jnp.float32)
+  dy = jnp.asarray(rng.standard_normal((6, 5)), jnp.bfloat16)
+  fn = jax.jit(transformer._matmul_low) if use_jit else transformer._matmul_low
+  y, vjp = jax.vjp(fn, x, w)
+  dx, dw = vjp(dy)
+  chex.assert_trees_all_equal_dtypes((y, dx, dw), (x, x, w))
+  x32, w16, dy32 = (np.asarray(x, np.float32), np.asarray(w.astype(jnp.bfloat16), np.float32),
+                    np.asarray(dy, np.float32))
+  np.testing.assert_allclose(np.asarray(y, np.float32), x32 @ w16, rtol=1e-2, atol=1e-2)
+  np.testing.assert_allclose(np.asarray(dx, np.float32), dy32 @ w16.T, rtol=1e-2, atol=1e-2)
+  # dw is accumulated and returned in float32 from bfloat16 operands: exact
+  # up to float32 summation order.
+  np.testing.assert_allclose(dw, x32.T @ dy32, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU options")
+def test_bf16_model_matmuls_run_in_bf16_on_cpu():
+  # With bfloat16 compute the projections' forward and backward matmuls
+  # take bfloat16 operands in the compiled learner gradient (not float32
+  # after a conversion), and YNNPACK is on.
+  cfg = dataclasses.replace(model.TransformerConfig.tiny(), dtype="bfloat16")
+  params = model.init_params(cfg, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.vocab_size)
+
+  def loss(p):
+    return model.forward(p, tokens, config=cfg)[0].astype(jnp.float32).mean()
+
+  hlo = jax.jit(jax.grad(loss), compiler_options=model.compiler_options(
+      None, cfg.compute_dtype)).lower(params).compile().as_text()
+  assert "ynn_fusion" in hlo
+  # Fused matmuls of two bfloat16 operands into float32: at least the
+  # forward and the input gradient of each layer's seven projections.
+  low = re.findall(r"\(param_[\d.]+: bf16\[[\d,]+\], param_[\d.]+: bf16\[[\d,]+\]\) -> f32\[",
+                   hlo)
+  assert len(low) >= 2 * 7 * cfg.n_layers, len(low)
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU options")

@@ -347,12 +347,13 @@ def embed_tokens(params: Params, tokens_BxT: jax.Array,
 def _dense(x: jax.Array, w: jax.Array, spec: str) -> jax.Array:
   """``einsum(spec, x, w)`` for a projection whose contracted dims are x's
   last and w's first ones (``"btd,dhk->bthk"``), as one 2-D matmul
-  ``[N, I] @ [I, O]`` between reshapes.
+  ``[N, I] @ [I, O]`` between reshapes, in x's dtype.
 
   The same products (bit for bit), but in 2-D XLA:CPU computes the weight
   gradient ``x^T dy`` with a transposed GEMM operand, where for the einsum
   over ``[B, T, ...]`` it first copies an activation into a transposed
   layout, for every projection (a third of a learner step, BENCHMARKS.md).
+  Below float32 the matmul is :func:`_matmul_low`.
   """
   ins, out = spec.split("->")
   xs, ws = ins.split(",")
@@ -360,9 +361,49 @@ def _dense(x: jax.Array, w: jax.Array, spec: str) -> jax.Array:
   if xs[len(xs) - n:] != ws[:n] or out != xs[:len(xs) - n] + ws[n:]:
     raise ValueError(f"{spec!r} does not contract x's last dims with w's first ones")
   lead, out_dims = x.shape[:x.ndim - n], w.shape[n:]
-  y = jnp.dot(x.reshape(math.prod(lead), -1),
-              w.astype(x.dtype).reshape(math.prod(w.shape[:n]), -1))
+  x_NxI = x.reshape(math.prod(lead), -1)
+  w_IxO = w.reshape(math.prod(w.shape[:n]), -1)
+  if jnp.finfo(x.dtype).bits < 32:
+    y = _matmul_low(x_NxI, w_IxO)
+  else:
+    y = jnp.dot(x_NxI, w_IxO.astype(x.dtype))
   return y.reshape(*lead, *out_dims)
+
+
+@jax.custom_vjp
+def _matmul_low(x_NxI: jax.Array, w_IxO: jax.Array) -> jax.Array:
+  """``x @ w`` in x's (16-bit) dtype with float32 accumulation, w cast to
+  x's dtype; the backward's two matmuls take 16-bit operands too and
+  accumulate in float32, as mixed-precision training does (``dx`` in x's
+  dtype, ``dw`` in w's: float32 master weights get a float32 gradient).
+
+  Written out because autodiff of a float32-accumulating matmul gives a
+  float32 cotangent, whose backward matmuls then run in float32; and on
+  XLA:CPU a 16-bit matmul reaches the CPU's bfloat16 units (AMX,
+  AVX512-BF16, through YNNPACK) only with a float32 result (with a 16-bit
+  one Eigen computes it in float32, several times slower; XLA:CPU still
+  does so for ``dw``, whose operands are contracted over their rows).
+  """
+  return jnp.dot(x_NxI, w_IxO.astype(x_NxI.dtype),
+                 preferred_element_type=jnp.float32).astype(x_NxI.dtype)
+
+
+def _matmul_low_fwd(x_NxI, w_IxO):
+  return _matmul_low(x_NxI, w_IxO), (x_NxI, w_IxO)
+
+
+def _matmul_low_bwd(res, dy_NxO):
+  x_NxI, w_IxO = res
+  low = x_NxI.dtype
+  dy_NxO = dy_NxO.astype(low)
+  dx_NxI = lax.dot_general(dy_NxO, w_IxO.astype(low), (((1,), (1,)), ((), ())),
+                           preferred_element_type=jnp.float32).astype(low)
+  dw_IxO = lax.dot_general(x_NxI, dy_NxO, (((0,), (0,)), ((), ())),
+                           preferred_element_type=jnp.float32).astype(w_IxO.dtype)
+  return dx_NxI, dw_IxO
+
+
+_matmul_low.defvjp(_matmul_low_fwd, _matmul_low_bwd)
 
 
 def _project(x: jax.Array, p: Params, name: str, spec: str,

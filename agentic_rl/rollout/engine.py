@@ -163,7 +163,7 @@ class RolloutEngine:
         raise ValueError(f"batch size {batch_size} does not split into the "
                          f"{shards} row shards of row_sharding ({axes})")
     options = model_lib.compiler_options(
-        None if row_sharding is None else row_sharding.mesh)
+        None if row_sharding is None else row_sharding.mesh, self.model_config.compute_dtype)
     options = tuple(sorted(options.items())) if options else None
     # The engine is their static first argument: engines built alike share
     # what either compiled (see __eq__).

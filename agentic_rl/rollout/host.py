@@ -184,7 +184,7 @@ class HostLoop:
     self.longest_unfit_prompt = 0
     # Episodes ended by their environment, by what went wrong (a message).
     self.env_failures: collections.Counter[str] = collections.Counter()
-    options = model_lib.compiler_options()
+    options = model_lib.compiler_options(None, self.model_config.compute_dtype)
     self._prefill = jax.jit(self._prefill_impl, donate_argnums=(3,),
                             compiler_options=options)
     self._segment = jax.jit(self._segment_impl, donate_argnums=(2,),

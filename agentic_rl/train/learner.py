@@ -473,7 +473,7 @@ def shard_train_step(step, mesh, model_config, optimizer, params, *,
     return sharding.jit_sharded(
         gathered_step, mesh, in_shardings=(state_sh, sharding.batch_sharding(mesh)),
         out_shardings=(state_sh, sharding.replicated(mesh), sharding.batch_sharding(mesh)),
-        donate_argnums=(0,))
+        donate_argnums=(0,), compute_dtype=model_config.compute_dtype)
 
   jitted = _per_prefix_len(jit_for, group_size, lambda state, batch: batch["tokens_BxT"])
   return jitted, state_sh
@@ -510,6 +510,6 @@ def shard_score(mesh, model_config, params, *, temperature: float = 1.0,
     return sharding.jit_sharded(
         score, mesh, in_shardings=(params_sh, params_sh if with_reference else None,
                                    sharding.batch_sharding(mesh), sharding.replicated(mesh)),
-        out_shardings=sharding.batch_sharding(mesh))
+        out_shardings=sharding.batch_sharding(mesh), compute_dtype=model_config.compute_dtype)
 
   return _per_prefix_len(jit_for, group_size, lambda p, r, tokens_BxT, tau: tokens_BxT)

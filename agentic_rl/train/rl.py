@@ -483,6 +483,8 @@ def invariant_metrics(run: Run, rl: RLStage, collected: Collected, rows: ScoredR
       "episode/length": float(np.mean(batch.length_B)),
       **episode_health(sampled.generated),
       **context.context_metrics(batch),
+      "perf/rollout_s": collected.seconds,
+      "perf/learner_s": learned.seconds,
       "perf/rollout_tokens_per_s": int(sampled.generated.loss_mask_BxT.sum())
                                    / max(collected.seconds, 1e-9),
       "perf/learner_tokens_per_s": rl.updates_per_batch * float(np.sum(batch.length_B))

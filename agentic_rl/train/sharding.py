@@ -412,10 +412,12 @@ def _check_shardings(what: str, shardings: Any, mesh: Mesh) -> None:
 def jit_sharded(fn: Callable[..., Any], mesh: Mesh, *,
                 in_shardings: Sequence[Any], out_shardings: Any,
                 donate_argnums: Sequence[int] = (),
-                static_argnames: Sequence[str] = ()) -> Callable[..., Any]:
+                static_argnames: Sequence[str] = (),
+                compute_dtype=None) -> Callable[..., Any]:
   """``jax.jit(fn, in_shardings=..., out_shardings=..., donate_argnums=...)``
   that runs under ``jax.set_mesh(mesh)``, with the model's XLA options for
-  the mesh's platform (``model.compiler_options``).
+  the mesh's platform and ``compute_dtype`` (``model.compiler_options``;
+  None: float32).
 
   The mesh context lets code inside ``fn`` use bare ``PartitionSpec``s (for
   ``jax.lax.with_sharding_constraint``) and makes the mesh explicit to
@@ -438,7 +440,7 @@ def jit_sharded(fn: Callable[..., Any], mesh: Mesh, *,
   jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings,
                    donate_argnums=tuple(donate_argnums),
                    static_argnames=tuple(static_argnames),
-                   compiler_options=model_lib.compiler_options(mesh))
+                   compiler_options=model_lib.compiler_options(mesh, compute_dtype))
 
   def under_mesh(method):
     def run(*args, **kwargs):
