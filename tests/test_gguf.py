@@ -213,6 +213,23 @@ SMOLLM = os.environ.get("AGENTIC_RL_SMOLLM_GGUF", default.SMOLLM_GGUF)
 
 
 @pytest.mark.slow
+def test_the_smollm_variant_runs_on_the_real_file(tmp_path):
+  """The README's command on the real SmolLM2 file, shortened to one step
+  per stage: its demonstrations fill an SFT batch with the real tokenizer
+  and chat template, and RL runs on them."""
+  if not os.path.exists(SMOLLM):
+    get_model.fetch("smollm2-135m-instruct", os.path.dirname(SMOLLM))
+  cfg = default.get_config("smollm")
+  cfg.model.init_from = SMOLLM
+  cfg.sft.steps = 1
+  cfg.rl.iterations = 1
+  cfg.eval.update(num_prompts=2, pass_k_prompts=2, batch_rows=2)
+  summary = loop.train(cfg, str(tmp_path / "run"))
+  assert summary["steps"] == 2
+  assert 0.0 <= summary["rl_success"] <= 1.0
+
+
+@pytest.mark.slow
 def test_the_real_smollm2_file_matches_transformers():
   if not os.path.exists(SMOLLM):
     get_model.fetch("smollm2-135m-instruct", os.path.dirname(SMOLLM))

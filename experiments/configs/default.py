@@ -377,8 +377,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                    host_kwargs='{"high": 8, "max_guesses": 4}', max_obs_tokens=32,
                    train_size=4096, test_size=64)
     c.sampling.update(max_turns=4, max_new_tokens_per_turn=16, max_total_tokens=192)
+    # Unpacked: the 64 demonstrations are 64 rows (packed they fill only 7
+    # rows of max_total_tokens, fewer than a batch).
     c.sft.update(steps=16, batch_size=8, num_demos=64, learning_rate=3e-5, warmup_steps=2,
-                 demo_noise=0.2)
+                 demo_noise=0.2, pack=False)
     c.rl.update(iterations=6, prompts_per_step=4, group_size=4, learning_rate=2e-6,
                 share_prefix=True)
     c.eval.update(every=3, num_prompts=16, pass_k=2, pass_k_prompts=8, batch_rows=16)
