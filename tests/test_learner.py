@@ -171,3 +171,25 @@ def test_reference_policy_is_scored_inside_the_step(estimator):
   # At the reference itself the penalty is 0.
   _, m_self, _ = step(learner.init_train_state(params, opt, params), batch)
   np.testing.assert_allclose(m_self["shift/kl_reference"], 0.0, atol=1e-6)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU options")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_sharded_step_compiles_with_the_options_of_its_compute_dtype(dtype):
+  # model.compiler_options by compute dtype: float32 steps keep their
+  # matmuls off YNNPACK, 16-bit ones on it (the CPU's bfloat16 units).
+  from agentic_rl.train import sharding  # pylint: disable=import-outside-toplevel
+  cfg = dataclasses.replace(model_lib.TransformerConfig.tiny(), dtype=dtype)
+  params = model_lib.init_params(cfg, jax.random.key(0))
+  optimizer = optax.adamw(1e-3)
+  mesh = sharding.make_mesh(sharding.MeshConfig(data=-1))
+  step, state_sh = learner.shard_train_step(
+      learner.make_train_step(learner.rl_loss(cfg, objectives.ObjectiveConfig()), optimizer),
+      mesh, cfg, optimizer, params)
+  state = jax.device_put(learner.init_train_state(params, optimizer), state_sh)
+  B, T = 2 * sharding.batch_shards(mesh), 8
+  batch = sharding.shard_batch({
+      "tokens_BxT": jnp.ones((B, T), jnp.int32), "loss_mask_BxT": jnp.ones((B, T)),
+      "advantages": jnp.ones((B,))}, mesh)
+  hlo = step.lower(state, batch).compile().as_text()
+  assert ("ynn_fusion" in hlo) == (dtype == "bfloat16")

@@ -208,10 +208,11 @@ def test_growing_the_cache_changes_no_token(setup):
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU options")
-def test_engine_compiles_with_the_model_options():
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_engine_compiles_with_the_model_options(dtype):
   """Sampling compiles the model as the learner does (model.compiler_options:
-  on CPU, matmuls without YNNPACK)."""
-  cfg = model_lib.TransformerConfig.tiny()
+  on CPU, float32 matmuls without YNNPACK, 16-bit ones with it)."""
+  cfg = dataclasses.replace(model_lib.TransformerConfig.tiny(), dtype=dtype)
   sampling = rollout.SamplingConfig(max_new_tokens_per_turn=4, max_turns=1,
                                     max_total_tokens=8)
   engine = rollout.RolloutEngine(cfg, sampling, None, batch_size=2)
@@ -220,7 +221,7 @@ def test_engine_compiles_with_the_model_options():
   hlo = engine._rollout_jit.lower(
       engine, model_lib.init_params(cfg, jax.random.key(0)), *args, jax.random.key(1),
       jnp.int32(0), jnp.float32(1.0), prefill_len=3).compile().as_text()
-  assert "ynn_fusion" not in hlo
+  assert ("ynn_fusion" in hlo) == (dtype == "bfloat16")
 
 
 def test_mismatch_metrics_hand_computed():
