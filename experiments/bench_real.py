@@ -739,8 +739,8 @@ def trainer_figure(cfg: Config) -> dict:
       train_s = time.perf_counter() - start
     finally:
       loop.build, rl_lib.rl_iteration, rl_lib.update = build, rl_iteration, update
-    records = [r for r in map(json.loads, open(os.path.join(workdir, "metrics.jsonl")))
-               if "perf/rollout_s" in r]
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+      records = [r for r in map(json.loads, f) if "perf/rollout_s" in r]  # RL iterations
   timed = records[1:-1]
   run, stage, collected = kept["run"], kept["stage"], kept["collected"]
   ro = collected.batch
