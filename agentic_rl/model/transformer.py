@@ -381,8 +381,8 @@ def _matmul_low(x_NxI: jax.Array, w_IxO: jax.Array) -> jax.Array:
   float32 cotangent, whose backward matmuls then run in float32; and on
   XLA:CPU a 16-bit matmul reaches the CPU's bfloat16 units (AMX,
   AVX512-BF16, through YNNPACK) only with a float32 result (with a 16-bit
-  one Eigen computes it in float32, several times slower; XLA:CPU still
-  does so for ``dw``, whose operands are contracted over their rows).
+  one, Eigen computes it in float32; XLA:CPU still does so for ``dw``,
+  whose operands are contracted over their rows).
   """
   return jnp.dot(x_NxI, w_IxO.astype(x_NxI.dtype),
                  preferred_element_type=jnp.float32).astype(x_NxI.dtype)
