@@ -10,9 +10,7 @@ query / 3 key-value heads of 64, SwiGLU width 1536, vocab 49152, tied
 embeddings, RoPE base 1e5; 134.5M parameters). It is read twice from the
 same file: by transformers (``AutoModelForCausalLM.from_pretrained``, a GGUF
 dequantised to float32) for the torch contenders, and by :func:`_load` for
-ours (``agentic_rl.model.gguf.load_gguf`` for a GGUF file, else
-``model.hf.load_hf_checkpoint``; a GGUF without that module goes through
-transformers' dequantised weights written as a checkpoint). Same weights:
+ours (``agentic_rl.model.pretrained.load``). Same weights:
 ``logits_max_abs_diff_vs_torch`` is the max |logit difference| on the
 rollout prompts (the first rows).
 
@@ -228,26 +226,9 @@ def _torch_model(path: str):
   return hf.eval()
 
 
-def _load(path: str, hf=None):
-  """``(TransformerConfig, params)`` of a GGUF file or an HF directory.
-
-  A ``.gguf`` path goes to ``agentic_rl.model.gguf.load_gguf`` where that
-  module imports; otherwise transformers reads it (``hf``, the model
-  :func:`_torch_model` loaded, when given), ``save_pretrained`` writes it
-  to a temporary directory and ``load_hf_checkpoint`` reads that. A
-  directory goes to ``load_hf_checkpoint``.
-  """
-  if path.endswith(".gguf"):
-    try:
-      from agentic_rl.model import gguf  # pylint: disable=import-outside-toplevel
-    except ImportError:
-      gguf = None
-    if gguf is not None:
-      return gguf.load_gguf(path)
-    with tempfile.TemporaryDirectory() as tmp:
-      (hf if hf is not None else _torch_model(path)).save_pretrained(tmp)
-      return model_lib.hf.load_hf_checkpoint(tmp)
-  return model_lib.hf.load_hf_checkpoint(path)
+def _load(path: str):
+  """``(TransformerConfig, params)`` of a GGUF file or an HF directory."""
+  return model_lib.pretrained.load(path)
 
 
 def _tokenizer(path: str):
@@ -714,17 +695,17 @@ def trainer_figure(cfg: Config) -> dict:
   step alone)."""
   from agentic_rl.train import loop  # pylint: disable=import-outside-toplevel
   kept = {}
-  build, rl_iteration, update = loop.build, rl_lib.rl_iteration, rl_lib.update
+  build, shape_rewards, update = loop.build, rl_lib.shape_rewards, rl_lib.update
   last = cfg.rounds + 1
 
   def keep_run(c):
     kept["run"] = build(c)
     return kept["run"]
 
-  def keep_collected(run, stage, state, collected, controls):
+  def keep_collected(stage, collected, budget=None):  # the iteration's first use of it
     if collected.step == last:
       kept.update(stage=stage, collected=collected)
-    return rl_iteration(run, stage, state, collected, controls)
+    return shape_rewards(stage, collected, budget)
 
   def keep_batch(stage, state, learn_batch):
     if "stage" in kept and "batch" not in kept:  # the last iteration's update
@@ -732,13 +713,13 @@ def trainer_figure(cfg: Config) -> dict:
     return update(stage, state, learn_batch)
 
   with tempfile.TemporaryDirectory() as workdir:
-    loop.build, rl_lib.rl_iteration, rl_lib.update = keep_run, keep_collected, keep_batch
+    loop.build, rl_lib.shape_rewards, rl_lib.update = keep_run, keep_collected, keep_batch
     try:
       start = time.perf_counter()
       loop.train(trainer_config(cfg), workdir)
       train_s = time.perf_counter() - start
     finally:
-      loop.build, rl_lib.rl_iteration, rl_lib.update = build, rl_iteration, update
+      loop.build, rl_lib.shape_rewards, rl_lib.update = build, shape_rewards, update
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
       records = [r for r in map(json.loads, f) if "perf/rollout_s" in r]  # RL iterations
   timed = records[1:-1]
@@ -790,7 +771,7 @@ def run(cfg: Config, progress=None) -> dict:
   bf16 = cfg.bf16 == "auto" and bool(machine["bf16_flags"])
   t0 = time.perf_counter()
   hf = _torch_model(cfg.model)
-  config, params = _load(cfg.model, hf)
+  config, params = _load(cfg.model)
   num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
   rng = np.random.default_rng(cfg.seed)
   prompts_BxL = rng.integers(3, config.vocab_size,

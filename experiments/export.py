@@ -30,7 +30,7 @@ from absl import logging
 
 from agentic_rl import model as model_lib
 from agentic_rl.model import lora
-from agentic_rl.train import checkpoint, loop, resume
+from agentic_rl.train import checkpoint, resume
 from agentic_rl.train import config as config_lib
 from agentic_rl.train import export as export_lib
 from agentic_rl.train import run as run_lib
@@ -47,7 +47,7 @@ def _load(workdir: str):
   if not config.lora_rank:
     return cfg, config, checkpoint.load_params(workdir, like=like)
   adapters = checkpoint.load_params(workdir, like=lora.adapters(like))
-  return cfg, config, loop.restored_params(run_lib.build(cfg), adapters)
+  return cfg, config, checkpoint.restored_params(run_lib.build(cfg), adapters)
 
 
 def export(workdir: str, out: str) -> str:
@@ -61,7 +61,8 @@ def deploy_check(workdir: str, out: str, num_prompts: int = 8) -> dict[str, floa
   """:func:`agentic_rl.train.export.deploy_check` of the latest checkpoint
   of ``workdir``, exported in ``out``."""
   cfg, _, params = _load(workdir)
-  return export_lib.deploy_check(run_lib.build(cfg), params, out, num_prompts)
+  return export_lib.deploy_check(run_lib.build(cfg), params, out, num_prompts,
+                                 config_lib.sampling_config(cfg))
 
 
 def main(argv):

@@ -61,10 +61,10 @@ def fetch(name: str, out: str) -> str:
 def write_hf_dir(gguf_path: str, out: str) -> str:
   """A Hugging Face checkpoint directory of the GGUF file (float32
   weights, its tokenizer and chat template); returns the architecture."""
-  from agentic_rl.model import hf  # pylint: disable=import-outside-toplevel
+  from agentic_rl.model import gguf, hf  # pylint: disable=import-outside-toplevel
   from agentic_rl.text.hf_tokenizer import HFTokenizer  # pylint: disable=import-outside-toplevel
-  config = hf.config_from_hf(hf.read_config(gguf_path))
-  hf.save_hf_checkpoint(out, config, hf.load_hf_params(gguf_path, config))
+  config = hf.config_from_hf(gguf.config_of(gguf_path))
+  hf.save_hf_checkpoint(out, config, gguf.load_params(gguf_path, config))
   HFTokenizer.from_pretrained(gguf_path).save(out)
   return hf.architecture_of(config)
 

@@ -43,13 +43,11 @@ AB_BASE=${AB_BASE:-}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 
-# Everything runs inside the copy: from the repository root, `python -m`
-# would import the checkout's agentic_rl (no kernels inside) ahead of it.
-# experiments/ holds the benchmark (experiments/bench_kernels.py).
+# Everything runs inside a copy of the package, the tests and the
+# benchmark (experiments/bench_kernels.py).
 OUT=$(realpath "$OUT")
 pkg=$(mktemp -d)
-cp -r agentic_rl experiments tests pytest.ini "$pkg/" &&
-  cp -r kernels "$pkg/agentic_rl/kernels"
+cp -r agentic_rl experiments tests pytest.ini "$pkg/"
 cd "$pkg" || exit 1
 
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm \

@@ -12,7 +12,7 @@ import pytest
 
 from agentic_rl.invariants import signal
 from agentic_rl.invariants.groups import uniform_group_ids
-from agentic_rl.invariants.host import host_rng
+from agentic_rl.invariants.rng import host_rng
 from agentic_rl.invariants.signal import SignalConfig
 
 SETTINGS = hypothesis.settings(max_examples=30, deadline=None, derandomize=True)

@@ -13,7 +13,7 @@ from agentic_rl import model as model_lib
 from agentic_rl import objectives
 from agentic_rl.model import hf, lora
 from agentic_rl.model.config import LORA_TARGETS
-from agentic_rl.train import checkpoint, learner, loop, sharding
+from agentic_rl.train import checkpoint, learner, loop, sharding, stages
 from agentic_rl.train import config as config_lib
 from agentic_rl.train import run as run_lib
 from experiments import export
@@ -211,6 +211,7 @@ def _train_seeing_params(cfg, workdir, monkeypatch, **kw):
     return original(run, params, key)
 
   monkeypatch.setattr(loop, "evaluate", spy)
+  monkeypatch.setattr(stages, "evaluate", spy)
   return loop.train(cfg, str(workdir), **kw), seen
 
 
@@ -229,7 +230,7 @@ def test_a_lora_run_trains_and_checkpoints_only_the_adapters(straight):
   workdir, trained = straight
   cfg = _lora_rl()
   run = run_lib.build(cfg)
-  initial = jax.tree.map(np.asarray, loop._initial_params(run, loop._params_key(cfg)))
+  initial = jax.tree.map(np.asarray, checkpoint.initial_params(run, checkpoint.params_key(cfg)))
   # The base is bit for bit the initial one; every adapter B moved off zero.
   jax.tree.map(np.testing.assert_array_equal, lora.base(trained), lora.base(initial))
   for name, b in lora.adapters(trained)["layers"].items():

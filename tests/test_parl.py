@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from agentic_rl import model as model_lib
-from agentic_rl.envs.host import SPLIT_OFFSETS
+from agentic_rl.envs.python_tasks import SPLIT_OFFSETS
 from agentic_rl.envs.swarm import ParallelHops, Spawn, SubResult, Subtask, answer_of
 from agentic_rl.envs.text_games import GuessNumber
 from agentic_rl.rollout import HostLoop, SamplingConfig

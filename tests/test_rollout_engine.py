@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from agentic_rl.invariants import shift
 from agentic_rl import model as model_lib
 from agentic_rl import rollout
 from agentic_rl.envs import scripted
@@ -120,7 +121,7 @@ def test_behaviour_logprobs_equal_the_learner_recompute(setup):
   out = s["engine"].rollout(s["params"], s["prompts"], s["prompt_len"],
                             s["instances"], jax.random.key(7), 0, **s["script"])
   learner, ent = _learner_and_entropy(s["params"], out.tokens_BxT)
-  m = rollout.mismatch_metrics(out.behaviour_logp_BxT, learner, out.loss_mask_BxT)
+  m = shift.mismatch_metrics(out.behaviour_logp_BxT, learner, out.loss_mask_BxT)
   assert float(m["logprob_mismatch_max"]) < 1e-5
   assert float(m["logprob_mismatch_mean"]) < 1e-6
   assert abs(float(m["kl_behaviour_learner"])) < 1e-9
@@ -228,7 +229,7 @@ def test_mismatch_metrics_hand_computed():
   b = jnp.array([[0.0, -1.0, -2.0]])
   l = jnp.array([[5.0, -1.5, -1.0]])
   mask = jnp.array([[0.0, 1.0, 1.0]])
-  m = rollout.mismatch_metrics(b, l, mask)
+  m = shift.mismatch_metrics(b, l, mask)
   d = np.array([-0.5, 1.0])
   np.testing.assert_allclose(m["logprob_mismatch_mean"], 0.75, rtol=1e-6)
   np.testing.assert_allclose(m["logprob_mismatch_max"], 1.0, rtol=1e-6)

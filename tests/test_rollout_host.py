@@ -7,6 +7,7 @@ import jax
 import numpy as np
 import pytest
 
+from agentic_rl.invariants import shift
 from agentic_rl import model as model_lib
 from agentic_rl import rollout
 from agentic_rl.text import default_codec
@@ -38,7 +39,7 @@ def loop(codec, model):
 
 def _max_mismatch(params, config, out):
   learner = _learner_logprobs(params, out.tokens_BxT, config, SAMPLING)
-  m = rollout.mismatch_metrics(out.behaviour_logp_BxT, learner, out.loss_mask_BxT)
+  m = shift.mismatch_metrics(out.behaviour_logp_BxT, learner, out.loss_mask_BxT)
   return float(m["logprob_mismatch_max"])
 
 

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from agentic_rl.invariants import shift
 from agentic_rl import envs
 from agentic_rl import model as model_lib
 from agentic_rl import rollout
@@ -55,5 +56,5 @@ def test_mixed_families_in_one_batch():
     text = codec.tokenizer.decode(np.asarray(out.tokens_BxT[b, :n]))
     assert "<tool_call>calc 6*7</tool_call><tool_result>42</tool_result>" in text
   learner = rollout.learner_logprobs(params, out.tokens_BxT, config, sampling)
-  m = rollout.mismatch_metrics(out.behaviour_logp_BxT, learner, out.loss_mask_BxT)
+  m = shift.mismatch_metrics(out.behaviour_logp_BxT, learner, out.loss_mask_BxT)
   assert float(m["logprob_mismatch_max"]) < 1e-5

@@ -15,7 +15,7 @@ import pytest
 from agentic_rl import model as model_lib
 from agentic_rl import objectives
 from agentic_rl.train import config as config_lib
-from agentic_rl.train import loop
+from agentic_rl.train import loop, stages
 from agentic_rl.train import metrics as metrics_lib
 from agentic_rl.train import run as run_lib
 from experiments.configs import default
@@ -356,7 +356,7 @@ def test_evaluation_reports_greedy_and_sampled_success_per_family(monkeypatch):
     else:
       assert f"eval/pass_at_1/{name}" not in out
   d = types.SimpleNamespace(summary={})
-  loop._summarise_success(d, "rl", out, "rl_success")
+  stages.summarise_success(d, "rl", out, "rl_success")
   assert d.summary["rl_success"] == 0.5 and d.summary["rl_success_sampled"] == out["eval/pass_at_1"]
   assert {k for k in d.summary if "/" in k} == {
       k.replace("eval/success", "rl_success").replace("eval/pass_at_1", "rl_success_sampled")

@@ -71,14 +71,14 @@ def _spy(monkeypatch):
       return out
     return wrapped
 
-  original_iteration = rl.rl_iteration
+  original_shape = rl.shape_rewards
 
-  def iteration(run, stage, state, collected, controls):
+  def shape(stage, collected, budget=None):  # the first use of a consumed batch
     consumed.append(collected)
-    return original_iteration(run, stage, state, collected, controls)
+    return original_shape(stage, collected, budget)
 
   monkeypatch.setattr(rl, "update", timed("update", rl.update))
-  monkeypatch.setattr(rl, "rl_iteration", iteration)
+  monkeypatch.setattr(rl, "shape_rewards", shape)
   return SPANS, consumed
 
 

@@ -11,7 +11,7 @@ import pytest
 from flax import struct
 
 from agentic_rl.invariants import exploration, shift, signal
-from agentic_rl.invariants.host import host_rng
+from agentic_rl.invariants.rng import host_rng
 from agentic_rl.train import reward_hooks, rl
 
 

@@ -28,12 +28,13 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from agentic_rl.envs import factories
+
 ENV_POOLS = ("threads", "processes", "ray")
 
 
 def _build(spec: str, kwargs: Mapping[str, Any]):
-  from agentic_rl.envs import host  # pylint: disable=import-outside-toplevel
-  return host.load_factory(spec)(**dict(kwargs))
+  return factories.load_factory(spec)(**dict(kwargs))
 
 
 class _Proxy(abc.ABC):

@@ -29,7 +29,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+
+from agentic_rl.model import hf as hf_lib
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
 _MODEL_TYPES = {"gemma3": "gemma3_text"}  # HF's model_type, where it differs.
@@ -213,8 +217,13 @@ def load_gguf(path: str, **overrides):
   """Load a GGUF file; returns ``(TransformerConfig, params)``.
 
   ``overrides`` replace config fields (e.g. ``dtype="bfloat16"``); params
-  are dequantised into the config's ``param_dtype``. Same as
-  ``hf.load_hf_checkpoint(path)``, which takes GGUF files too.
+  are dequantised into the config's ``param_dtype``.
   """
-  from agentic_rl.model import hf as hf_lib  # pylint: disable=import-outside-toplevel
-  return hf_lib.load_hf_checkpoint(path, **overrides)
+  config = hf_lib.config_from_hf(config_of(path), **overrides)
+  return config, jax.tree.map(jnp.asarray, load_params(path, config))
+
+
+def load_params(path: str, config) -> dict[str, Any]:
+  """The parameters of the GGUF file ``path`` as host (numpy) arrays in
+  ``config.param_dtype`` (``config`` from :func:`config_of`'s dict)."""
+  return hf_lib.params_from_tensors(hf_tensors(path), config, path)

@@ -4,9 +4,9 @@ and Gemma 3 (text).
 :func:`load_hf_checkpoint` reads a checkpoint directory (``config.json``
 plus ``*.safetensors``, sharded or not) with the ``safetensors`` numpy
 loader, no torch; :func:`save_hf_checkpoint` writes one that
-``transformers.AutoModelForCausalLM.from_pretrained`` loads. A ``.gguf``
-file is read wherever a directory is (:mod:`agentic_rl.model.gguf` gives
-its ``config.json`` dict and tensors under HF names). One table
+``transformers.AutoModelForCausalLM.from_pretrained`` loads;
+:func:`params_from_tensors` maps tensors under HF names (a directory's, or a
+GGUF file's from :mod:`agentic_rl.model.gguf`) to ours. One table
 (:func:`_tensor_map`) names every tensor both ways. Our RoPE uses HF's
 "rotate_half" convention, so q/k projection weights are used as stored.
 
@@ -47,7 +47,6 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from agentic_rl.model import gguf
 from agentic_rl.model.config import TransformerConfig
 
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -361,14 +360,7 @@ def _tensor_map(config: TransformerConfig) -> dict[str, tuple[str, Any, Any]]:
   return table
 
 
-def is_gguf(path: str) -> bool:
-  """Whether ``path`` names a GGUF file (:mod:`agentic_rl.model.gguf`)."""
-  return str(path).endswith(".gguf")
-
-
 def _read_tensors(path: str) -> dict[str, np.ndarray]:
-  if is_gguf(path):
-    return gguf.hf_tensors(path)
   index = os.path.join(path, "model.safetensors.index.json")
   if os.path.exists(index):
     with open(index) as f:
@@ -386,10 +378,7 @@ def _read_tensors(path: str) -> dict[str, np.ndarray]:
 
 
 def read_config(path: str) -> dict[str, Any]:
-  """The ``config.json`` dict of the checkpoint directory ``path``, or the
-  one a GGUF file's metadata describes (:func:`gguf.config_of`)."""
-  if is_gguf(path):
-    return gguf.config_of(path)
+  """The ``config.json`` dict of the checkpoint directory ``path``."""
   config_path = os.path.join(path, "config.json")
   if not os.path.exists(config_path):
     raise ValueError(f"no config.json in {path}")
@@ -398,7 +387,7 @@ def read_config(path: str) -> dict[str, Any]:
 
 
 def load_hf_checkpoint(path: str, **overrides):
-  """Load an HF checkpoint directory or a GGUF file; returns ``(config, params)``.
+  """Load an HF checkpoint directory; returns ``(config, params)``.
 
   ``overrides`` go to :func:`config_from_hf`; params are converted to the
   config's ``param_dtype``. Missing or unexpected tensors raise
@@ -414,7 +403,16 @@ def load_hf_params(path: str, config: TransformerConfig):
   ``config`` (from :func:`config_from_hf`, possibly with other runtime
   fields): placed on devices by the caller, e.g. sharded over a mesh.
   Missing or unexpected tensors raise ``ValueError``."""
-  tensors = _read_tensors(path)
+  return params_from_tensors(_read_tensors(path), config, path)
+
+
+def params_from_tensors(tensors: dict[str, np.ndarray], config: TransformerConfig,
+                        source: str = "the checkpoint"):
+  """Our parameters (host arrays in ``config.param_dtype``) of ``tensors``
+  under Hugging Face names; ``source`` names them in errors. Missing or
+  unexpected tensors raise ``ValueError``."""
+  tensors = dict(tensors)
+  path = source
 
   def take(name: str) -> np.ndarray:
     if name not in tensors:

@@ -215,8 +215,7 @@ def rope_tables(positions_BxT: jax.Array, head_dim: int, theta: float, *,
   the tables are computed for all ``table_len`` positions and gathered by
   position: the same values, but in a decode loop XLA computes the table once
   (it does not depend on the step) where it would otherwise recompute cos
-  and sin inside each of the 2L rotation fusions of every step
-  (BENCHMARKS.md, CPU 2026-12-01).
+  and sin inside each of the 2L rotation fusions of every step.
   """
   if table_len is not None:
     cos_S, sin_S = rope_tables(jnp.arange(table_len)[None], head_dim, theta,

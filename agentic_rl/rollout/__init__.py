@@ -1,12 +1,11 @@
 """The rollout engine: jitted multi-turn sampling, host-environment loop,
 partial rollouts, and the train-inference consistency check."""
 
-from agentic_rl.invariants.shift.monitors import mismatch_metrics
 from agentic_rl.rollout.consistency import learner_logprobs
 from agentic_rl.rollout.context import ContextConfig, scored_rows
 from agentic_rl.rollout.engine import RolloutEngine
 from agentic_rl.envs.gem import GemEnv
-from agentic_rl.rollout.host import Episode, HostLoop, TextEnv
+from agentic_rl.rollout.host_loop import Episode, HostLoop, TextEnv
 from agentic_rl.rollout.sampling import (SamplingConfig, entropy_of,
                                          sample_tokens, sampling_log_probs)
 from agentic_rl.rollout.types import (EPISODE_STATUS, FAILED_STATUS, Rollout, RolloutState,
@@ -30,7 +29,6 @@ __all__ = [
     "TextEnv",
     "entropy_of",
     "learner_logprobs",
-    "mismatch_metrics",
     "sample_tokens",
     "sampling_log_probs",
     "scored_rows",

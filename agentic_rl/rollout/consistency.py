@@ -4,7 +4,7 @@ The rollout engine samples through ``model.decode_step`` and records each
 policy token's log-prob under the sampling distribution; the learner scores
 the same tokens teacher-forced with ``model.scoring.sequence_logprobs``. Both
 run the same model code, so at temperature 1 without truncation they agree
-to fp32 rounding. ``invariants.shift.mismatch_metrics`` (also ``rollout.mismatch_metrics``)
+to fp32 rounding. ``invariants.shift.mismatch_metrics``
 reports how far apart they are: the I3 train/inference mismatch monitor.
 """
 

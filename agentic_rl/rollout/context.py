@@ -27,7 +27,7 @@ learner log-prob conditions on what the policy saw when it wrote it; all
 segments of an episode share the episode's advantage. At most
 ``max_resets`` rewrites per episode; the next overflow truncates it.
 
-Context management runs in the host loop (:mod:`agentic_rl.rollout.host`),
+Context management runs in the host loop (:mod:`agentic_rl.rollout.host_loop`),
 where rows are rewritten and re-prefilled between jitted segments.
 """
 

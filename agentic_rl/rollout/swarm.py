@@ -42,7 +42,7 @@ from agentic_rl.envs import registry
 from agentic_rl.envs import tasks as tasks_lib
 from agentic_rl.envs.swarm import Spawn, SubResult
 from agentic_rl.rollout.engine import RolloutEngine
-from agentic_rl.rollout.host import Episode, HostLoop
+from agentic_rl.rollout.host_loop import Episode, HostLoop
 from agentic_rl.rollout.sampling import SamplingConfig
 from agentic_rl.rollout.types import Rollout
 from agentic_rl.text.codec import Codec

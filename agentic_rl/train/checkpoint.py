@@ -59,6 +59,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from agentic_rl import model as model_lib
+from agentic_rl.model import lora, pretrained
+from agentic_rl.train import learner
 
 _KEY_DTYPE = jax.dtypes.prng_key
 
@@ -492,3 +494,41 @@ def load_frozen(run_dir: str, model_config_of) -> tuple[Any, Any, Any]:
   model_config = model_config_of(config)
   like = jax.eval_shape(lambda: model_lib.init_params(model_config, jax.random.key(0)))
   return load_params(run_dir, like=like), model_config, config
+
+
+# ------------------------------------------------------------------ the run's parameters
+def initial_params(run, key: jax.Array):
+  """The parameters the run starts from: the checkpoint's
+  (``config.model.init_from``), placed sharded over the mesh as the learner
+  keeps them, or ``init_params`` of the run's model from ``key``; with LoRA,
+  that base and fresh adapters from ``key``. A LoRA run's checkpoints hold
+  only its adapters: resuming rebuilds the base here
+  (:func:`restored_params`), so this must give the same base every time."""
+  config = run.model_config
+  if not (path := run.cfg.model.get("init_from", "")):
+    return model_lib.init_params(config, key)
+  host = pretrained.load_params(path, config)
+  if config.lora_rank:
+    host = jax.tree.map(np.asarray, lora.add_adapters(host, config, key))
+  return jax.device_put(host, learner.params_sharding(run.mesh, config, host))
+
+
+def params_key(cfg) -> jax.Array:
+  """The key of :func:`initial_params`."""
+  return jax.random.fold_in(jax.random.key(cfg.seed), 0)
+
+
+def saved_params(params, model_config):
+  """What a checkpoint holds of ``params``: the adapters alone with LoRA
+  (the base is frozen and rebuilt on restore), else all of them."""
+  if params is None or not model_config.lora_rank:
+    return params
+  return lora.adapters(params)
+
+
+def restored_params(run, saved):
+  """The parameters of a checkpoint's ``saved`` ones (:func:`saved_params`):
+  with LoRA the base of :func:`initial_params` with the saved adapters."""
+  if not run.model_config.lora_rank:
+    return saved
+  return lora.with_adapters(initial_params(run, params_key(run.cfg)), saved)

@@ -17,7 +17,8 @@ import jax
 
 from agentic_rl import model as model_lib
 from agentic_rl import objectives
-from agentic_rl.envs import host as host_lib
+from agentic_rl.model import pretrained
+from agentic_rl.envs import factories
 from agentic_rl.envs import registry
 from agentic_rl.envs import rewards as rewards_lib
 from agentic_rl.envs import synthesis
@@ -27,7 +28,7 @@ from agentic_rl.invariants import exploration, shift, signal
 from agentic_rl.invariants.alarms import Band
 from agentic_rl.kernels import backends
 from agentic_rl.rollout.context import ContextConfig
-from agentic_rl.rollout.host import OBS_OVERFLOW
+from agentic_rl.rollout.host_loop import OBS_OVERFLOW
 from agentic_rl.rollout.sampling import SamplingConfig
 from agentic_rl.text import load_codec
 from agentic_rl.text import tokenizer as tok_lib
@@ -79,7 +80,7 @@ def model_config(cfg) -> model_lib.TransformerConfig:
   try:
     if init_from:
       config = model_lib.hf.config_from_hf(
-          model_lib.hf.read_config(init_from),
+          pretrained.read_config(init_from),
           **{k: v for k, v in m.items() if k in RUNTIME_KEYS})
     else:
       config = model_lib.TransformerConfig(
@@ -414,8 +415,8 @@ def _validate_host_tasks(cfg) -> None:
   t = cfg.tasks
   where = f"config.tasks.host_env={t.host_env!r}"
   try:
-    factory = host_lib.load_factory(t.host_env)
-    kwargs = host_lib.host_kwargs(t.host_kwargs)
+    factory = factories.load_factory(t.host_env)
+    kwargs = factories.host_kwargs(t.host_kwargs)
   except ValueError as e:
     _err(f"config.tasks: {e}")
   try:
@@ -495,9 +496,9 @@ def _validate_init_from(cfg, path: str) -> None:
   directory or a GGUF file) with its own tokenizer,
   which only host environments can use."""
   where = f"config.model.init_from={path!r}"
-  if model_lib.hf.is_gguf(path) and not os.path.isfile(path):
+  if pretrained.is_gguf(path) and not os.path.isfile(path):
     _err(f"{where}: no such GGUF file (python -m experiments.get_model fetches one)")
-  if not model_lib.hf.is_gguf(path) and not os.path.isdir(path):
+  if not pretrained.is_gguf(path) and not os.path.isdir(path):
     _err(f"{where} is not a directory: give a local Hugging Face checkpoint (config.json, "
          "*.safetensors, tokenizer files) or a .gguf file; nothing is downloaded")
   if cfg.tasks.get("source", "jax") != "host":

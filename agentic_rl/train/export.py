@@ -27,7 +27,7 @@ import jax
 import numpy as np
 
 from agentic_rl import model as model_lib
-from agentic_rl.model import hf, lora
+from agentic_rl.model import hf, lora, pretrained
 from agentic_rl.rollout.context import scored_rows
 from agentic_rl.text.hf_tokenizer import HFTokenizer
 
@@ -48,13 +48,13 @@ def export_policy(cfg, config: model_lib.TransformerConfig, params, out: str) ->
   config, params = lora.merge(params, config)
   hf.save_hf_checkpoint(out, config, params)
   source = cfg.model.get("init_from", "")
-  if source and hf.is_gguf(source):
+  if source and pretrained.is_gguf(source):
     HFTokenizer.from_pretrained(source).save(out)
   elif source:
     for name in TOKENIZER_FILES:
       if os.path.exists(os.path.join(source, name)):
         shutil.copyfile(os.path.join(source, name), os.path.join(out, name))
-    extras = {k: v for k, v in hf.read_config(source).items() if k in _CONFIG_EXTRAS}
+    extras = {k: v for k, v in pretrained.read_config(source).items() if k in _CONFIG_EXTRAS}
     written = hf.read_config(out)
     with open(os.path.join(out, "config.json"), "w") as f:
       json.dump({**written, **extras}, f, indent=1)
@@ -88,17 +88,17 @@ def wants_deploy_check(cfg, config: model_lib.TransformerConfig) -> bool:
   return True
 
 
-def deploy_check(run, params, out: str, num_prompts: int) -> dict[str, float]:
+def deploy_check(run, params, out: str, num_prompts: int, sampling) -> dict[str, float]:
   """``shift/deploy_logprob_diff_max`` and ``..._mean`` of the checkpoint in
   ``out`` (written by :func:`export_policy` from ``params``) against the
-  learner on ``num_prompts`` held-out episodes the policy plays, and the
-  number of policy tokens compared (``shift/deploy_tokens``)."""
+  learner on ``num_prompts`` held-out episodes the policy plays with
+  ``sampling`` (a ``SamplingConfig``), and the number of policy tokens
+  compared (``shift/deploy_tokens``)."""
   import torch  # pylint: disable=g-import-not-at-top  (optional: the test extra)
   import transformers  # pylint: disable=g-import-not-at-top
-  from agentic_rl.train import config as config_lib  # pylint: disable=g-import-not-at-top
 
   cfg, config = run.cfg, run.model_config
-  ro = run.rollout(params, config_lib.sampling_config(cfg), "test", np.arange(num_prompts),
+  ro = run.rollout(params, sampling, "test", np.arange(num_prompts),
                    jax.random.key(cfg.seed), 0, cfg.eval.batch_rows)
   rows = scored_rows(ro)  # every context an episode was played in
   tokens, mask = rows["tokens_RxT"], rows["loss_mask_RxT"][:, 1:] > 0

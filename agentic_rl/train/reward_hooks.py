@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentic_rl import model as model_lib
-from agentic_rl.envs import host as host_lib
+from agentic_rl.envs import factories
 from agentic_rl.rollout.types import Rollout
 from agentic_rl.train import checkpoint as checkpoint_lib
 
@@ -74,7 +74,7 @@ class Hooks:
 
 def load_function(spec: str) -> Callable[[Rollout], Any]:
   """``"MODULE:NAME"``; ValueError saying what failed."""
-  return host_lib.load_callable(spec, "reward_hooks.function.fn")
+  return factories.load_callable(spec, "reward_hooks.function.fn")
 
 
 def make_hooks(cfg, codec, model_config_of) -> Hooks:

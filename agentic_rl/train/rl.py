@@ -3,9 +3,10 @@
   collect -> shape rewards -> advantages -> score and weight -> update
           -> invariant metrics (and the controllers' next state)
 
-each stage a function of what the previous ones returned. The actor
+each stage a function of what the previous ones returned;
+:func:`rl_iteration` reads them top to bottom. The actor
 (:mod:`agentic_rl.train.actor`, in the learner's thread or its own) calls
-:func:`collect`; :func:`rl_iteration` reads the rest top to bottom.
+:func:`collect`.
 
 1. :func:`collect`: the signal controller picks prompts (a
    :class:`PromptSource`) and allocates rollouts
@@ -526,21 +527,24 @@ def next_controls(rl: RLStage, controls: Controls, collected: Collected,
 
 
 # ------------------------------------------------------------------ the iteration
-def rl_iteration(run: Run, rl: RLStage, state: learner.TrainState, collected: Collected,
-                 controls: Controls) -> tuple[learner.TrainState, Controls, dict[str, float]]:
-  """One RL iteration on the actor's ``collected`` rollouts (:func:`collect`,
-  called by the actor: :mod:`agentic_rl.train.actor`); returns ``(state,
-  controls, metrics)``."""
-  tau = collected.tau
+def rl_iteration(run: Run, rl: RLStage, actor, state: learner.TrainState, controls: Controls,
+                 step: int) -> tuple[learner.TrainState, Controls, Collected, dict[str, float]]:
+  """RL iteration ``step`` of the stage: the actor's rollouts (``actor``,
+  :mod:`agentic_rl.train.actor`, calls :func:`collect`), then one update;
+  returns ``(state, controls, collected, metrics)``."""
+  collected = actor.next(state, controls, step)
   shaped = shape_rewards(rl, collected, controls.budget)
   advantages = compute_advantages(rl, collected, shaped)
   version = int(state.step)
   rows = context.scored_rows(collected.batch)
   learn_batch, shift_stats = score_and_weight(run, rl, state, rows, shaped, advantages,
-                                              controls.entropy_coef, tau)
+                                              controls.entropy_coef, collected.tau)
   state, learned = update(rl, state, learn_batch)
   metrics = invariant_metrics(run, rl, collected, rows, shaped, advantages, learn_batch,
-                              shift_stats, learned, version, controls, tau)
+                              shift_stats, learned, version, controls, collected.tau)
   controls = next_controls(rl, controls, collected, metrics)
+  actor.bound = controls.staleness.bound
+  actor.updated(state)  # publishes the new weights
   metrics["shift/staleness_bound"] = float(controls.staleness.bound)
-  return state, controls, metrics
+  metrics.update(actor.stats())
+  return state, controls, collected, metrics

@@ -5,7 +5,7 @@ evaluation that every stage ends with.
 Two task sources (``config.tasks.source``): ``"jax"``, the built-in task
 families stepped inside the jitted rollout engine, and ``"host"``, Python
 environments stepped between jitted segments by the host loop
-(:mod:`agentic_rl.envs.host`, :class:`agentic_rl.rollout.HostLoop`). Both
+(:mod:`agentic_rl.envs.python_tasks`, :class:`agentic_rl.rollout.HostLoop`). Both
 give the same :class:`Rollout`, with ``reward_components["outcome"]`` the
 success the signal controller and the evaluation count; for host
 environments it is 1 when the episode's reward exceeds
@@ -26,15 +26,15 @@ import numpy as np
 
 from agentic_rl import envs as envs_lib
 from agentic_rl import model as model_lib
-from agentic_rl.envs import host as host_lib
+from agentic_rl.envs import factories
 from agentic_rl.envs import rewards as rewards_lib
 from agentic_rl.envs import scripted, synthesis
-from agentic_rl.envs.host import HostTasks
+from agentic_rl.envs.python_tasks import HostTasks
 from agentic_rl.envs.tasks import PromptTooLong, Tasks
 from agentic_rl.invariants import exploration
 from agentic_rl.rollout.context import policy_tokens, scored_rows
 from agentic_rl.rollout.engine import RolloutEngine, prompt_group_size
-from agentic_rl.rollout.host import HostLoop, ScriptTooLong
+from agentic_rl.rollout.host_loop import HostLoop, ScriptTooLong
 from agentic_rl.rollout.sampling import SamplingConfig
 from agentic_rl.rollout.swarm import Swarm
 from agentic_rl.rollout.types import EPISODE_STATUS, Rollout, select_rows
@@ -314,8 +314,8 @@ def build(cfg) -> Run:
   mesh = sharding.make_mesh(sharding.MeshConfig(**cfg.mesh))
   hooks = reward_hooks.make_hooks(cfg, codec, config_lib.model_config)
   if cfg.tasks.source == "host":
-    tasks = HostTasks(host_lib.load_factory(cfg.tasks.host_env),
-                      host_lib.host_kwargs(cfg.tasks.host_kwargs), spec=cfg.tasks.host_env,
+    tasks = HostTasks(factories.load_factory(cfg.tasks.host_env),
+                      factories.host_kwargs(cfg.tasks.host_kwargs), spec=cfg.tasks.host_env,
                       pool=cfg.tasks.env_pool)
     swarm = parl.make_swarm(cfg, codec, config_lib.model_config, config_lib.sampling_config)
     return Run(cfg, codec, None, tasks, model_config, mesh, hooks=hooks, swarm=swarm)

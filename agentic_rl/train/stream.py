@@ -34,7 +34,7 @@ import numpy as np
 
 from agentic_rl.invariants import exploration, shift, signal
 from agentic_rl.objectives import GroupLayout
-from agentic_rl.rollout.host import Episode
+from agentic_rl.rollout.host_loop import Episode
 from agentic_rl.rollout.types import EPISODE_STATUS
 from agentic_rl.train import rl as rl_lib
 

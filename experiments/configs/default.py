@@ -59,8 +59,7 @@ def _sft_stage() -> ml_collections.ConfigDict:
       kind="sft",
       # Long enough that every task family leaves the warm start with some
       # successes under sampling (RL cannot improve a family it never
-      # solves), and no longer: greedy decoding of a longer warm start
-      # already solves what RL would teach (BENCHMARKS.md, "Training run").
+      # solves), and no longer, so that RL has something left to teach.
       steps=250,
       batch_size=32,
       learning_rate=3e-3,
@@ -140,9 +139,9 @@ def _rl_stage() -> ml_collections.ConfigDict:
       # Invariant controllers (agentic_rl.invariants): signal.allocation is
       # uniform, dynamic (DAPO), ada (Reinforce-Ada) or knapsack; see
       # SignalConfig and ShiftConfig for every field. Dynamic sampling is the
-      # default: with uniform allocation most groups of this task have
-      # all-equal outcomes and carry no gradient (docs/ablations/results.md).
-      # It redraws at most one batch's worth of episodes per iteration.
+      # default: with uniform allocation most groups of these tasks have
+      # all-equal outcomes and carry no gradient. It redraws at most one
+      # batch's worth of episodes per iteration.
       signal=_fields(signal.SignalConfig, exclude=("bands",), allocation="dynamic",
                      max_extra_rollout_frac=1.0),
       shift=_fields(shift.ShiftConfig, exclude=("bands", "max_staleness")),
@@ -299,7 +298,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # share_prefill: the G rollouts of a prompt share one prefill of it (less
   # compute for long prompts); False prefills each row on its own, on the
   # compiled program evaluation already uses: the same episodes, and one
-  # compilation fewer (17 s of a 4.5-minute default run).
+  # compilation fewer.
   # decode_shared_prefix: a group's rollouts also decode from one copy of
   # its cache (agentic_rl/model/prefix.py), faster for long prompts; the
   # same tokens up to float rounding, which can flip a near-tie draw.
@@ -356,9 +355,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # alone (host_reward="success"). The game's rules take 367 tokens of the
     # prompt. Episodes are ~600 tokens (4x the built-in families'): smaller
     # SFT batches, the learner runs each group's rules once
-    # (rl.share_prefix), and RL steps at 5e-4 (1e-3 gained about half as
-    # much in 20 iterations) on 16 prompts x 8 rollouts (8 prompts left one
-    # seed of three worse; docs/ablations/README.md, "Host").
+    # (rl.share_prefix), and RL steps at 5e-4 on 16 prompts x 8 rollouts.
     c.tasks.update(source="host", host_env="gem:game:GuessTheNumber-v0-easy",
                    success_threshold=0.9, host_reward="success")
     c.sampling.update(max_turns=4, max_new_tokens_per_turn=12, max_total_tokens=640)

@@ -37,8 +37,7 @@ class ExplorationConfig:
     bands: alarm bands, ``(("explore/...", Band), ...)``. The default fires
       when successful strategies per solved group average below 1.05, i.e.
       nearly every solved group succeeds one way only (collapse to a single
-      path); tune it per task (the default task's healthy runs sit at 1.0 to
-      1.3, so a higher bound fired at every iteration).
+      path); tune it per task.
   """
 
   entropy_coef: float = 0.0

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from agentic_rl.invariants.checks import check_int
-from agentic_rl.invariants.host import host_rng
+from agentic_rl.invariants.rng import host_rng
 from agentic_rl.invariants.signal.config import SignalConfig
 from agentic_rl.invariants.signal.history import PromptHistory, success_rates
 
