@@ -665,7 +665,7 @@ def trainer_config(cfg: Config):
   resampling: a fixed amount of work), no checkpoint, evaluation or deploy
   check before the last iteration."""
   from experiments.configs import default as default_config  # pylint: disable=import-outside-toplevel
-  c = default_config.get_config("smollm")
+  c = default_config.get_config("all,smollm")
   c.model.init_from = cfg.model
   c.stages = ("rl",)
   c.sampling.update(max_turns=1, max_new_tokens_per_turn=cfg.e2e_new_tokens)

@@ -33,9 +33,11 @@ STUDY_BASE = {"sft.steps": 400, "rl.iterations": 40, "rl.signal.max_extra_rollou
 
 def train_command(workdir: str, variant: str, overrides: Mapping[str, Any]) -> list[str]:
   """``python -m experiments.train`` on ``default.py:<variant>`` with the
-  dotted config keys ``overrides`` (a tuple written as its literal)."""
+  dotted config keys ``overrides`` (a tuple written as its literal), every
+  section's keys there to set (the ``all`` variant)."""
   return [sys.executable, "-m", "experiments.train", f"--workdir={workdir}",
-          f"--config=experiments/configs/default.py:{variant}"] + [
+          f"--config=experiments/configs/default.py:{','.join(filter(None, ('all', variant)))}"
+          ] + [
               f"--config.{k}={v!r}" if isinstance(v, tuple) else f"--config.{k}={v}"
               for k, v in overrides.items()]
 

@@ -78,9 +78,10 @@ def copy_rates(predicted_BxT: np.ndarray, rows: dict[str, np.ndarray]) -> dict[i
 def study(cfg, seed: int, *, steps: int, every: int, eval_rows: int,
           lengths=LENGTHS) -> list[dict]:
   """One seed's curve: ``[{"step", "nll", "copied": {length: share}}, ...]``."""
+  cfg = config_lib.validate(cfg)
   model_config = config_lib.model_config(cfg)
   tokenizer = tok_lib.load_tokenizer()
-  optimizer = objectives.make_optimizer(config_lib.optimizer_config(cfg.sft, steps))
+  optimizer = objectives.make_optimizer(config_lib.optimizer_config(cfg["sft"], steps))
   loss_fn = learner.sft_loss(model_config)
   rng = np.random.default_rng(seed)
   held_out = copy_rows(tokenizer, rng, eval_rows, lengths)
@@ -97,7 +98,7 @@ def study(cfg, seed: int, *, steps: int, every: int, eval_rows: int,
   opt_state = optimizer.init(params)
   curve = []
   for i in range(1, steps + 1):
-    rows = copy_rows(tokenizer, rng, cfg.sft.batch_size, lengths)
+    rows = copy_rows(tokenizer, rng, cfg["sft"].batch_size, lengths)
     batch = {k: rows[k] for k in ("tokens_BxT", "loss_mask_BxT")}
     params, opt_state, nll = step(params, opt_state, batch)
     if i % every == 0 or i == steps:

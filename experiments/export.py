@@ -34,14 +34,16 @@ from agentic_rl.train import checkpoint, resume
 from agentic_rl.train import config as config_lib
 from agentic_rl.train import export as export_lib
 from agentic_rl.train import run as run_lib
+from agentic_rl.train import settings
 
 
 def _load(workdir: str):
   """``(cfg, model config, params)`` of the latest checkpoint of a run (a
   LoRA run's with its base rebuilt, as on resume, and its adapters)."""
-  cfg = resume.saved_config(workdir)
-  if cfg is None:
+  saved = resume.saved_config(workdir)
+  if saved is None:
     raise ValueError(f"{workdir} has no config.json: is it a run directory?")
+  cfg = settings.parse(saved)
   config = config_lib.model_config(cfg)
   like = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.key(0)))
   if not config.lora_rank:

@@ -104,10 +104,10 @@ def probe(workdir: str, levels=None, *, prompts: int = 192, sampled: int = 64,
     if set(copies_of) - set(run.family_names):
       raise ValueError(f"--copies={','.join(copies_of)}: this run's families are "
                        f"{', '.join(run.family_names)}")
-    greedy = run.rollout(params, config_lib.sampling_config(cfg, greedy=True), "test",
+    greedy = run.rollout(params, config_lib.sampling_config(run.cfg, greedy=True), "test",
                          np.arange(prompts), key, 0, rows)
     ok_N = np.asarray(greedy.reward_components["outcome"]) > 0.5
-    drawn = run.rollout(params, config_lib.sampling_config(cfg), "test",
+    drawn = run.rollout(params, config_lib.sampling_config(run.cfg), "test",
                         np.repeat(np.arange(sampled), samples), key, 0, rows, group_size=1)
     ok_PxK = (np.asarray(drawn.reward_components["outcome"]) > 0.5).reshape(sampled, samples)
     family_N = run.families_of("test", np.arange(prompts))

@@ -48,7 +48,7 @@ def test_arms_share_the_warm_start_and_differ_only_in_their_overrides(study):
 def test_the_studies_settings():
   # The signal study's first arm is the default RL stage on its recurring
   # pool, stopped at its episode budget.
-  base, ref = ablations.get_config("uniform").rl, default.get_config().rl
+  base, ref = ablations.get_config("uniform").rl, default.get_config("all").rl
   assert {k for k in ref if ref[k] != base[k]} == {"iterations", "rollout_budget", "signal"}
   assert base.rollout_budget == 20 * base.prompts_per_step * base.group_size
   assert ablations.get_config("uniform").tasks.train_size == 64

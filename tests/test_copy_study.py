@@ -39,19 +39,19 @@ def test_copy_rates_count_whole_answers_per_length():
 def test_the_default_model_learns_one_length_of_copy_in_a_few_steps():
   # One length is a fixed offset between the tool result and the answer:
   # learnt within 50 steps (docs/default_run). Broken rows or masks fail it.
-  curve = copy_study.study(default.get_config(), 0, steps=50, every=25, eval_rows=64,
+  curve = copy_study.study(default.get_config("all"), 0, steps=50, every=25, eval_rows=64,
                            lengths=(4,))
   assert curve[0]["copied"][4] < 0.5 and curve[-1]["copied"][4] >= 0.9
 
 
 def test_run_writes_each_seeds_curve_and_refuses_lengths_beyond_nine(tmp_path):
   out = tmp_path / "copy.json"
-  copy_study.run(default.get_config("tiny"), [0, 1], steps=2, every=1, eval_rows=8,
+  copy_study.run(default.get_config("all,tiny"), [0, 1], steps=2, every=1, eval_rows=8,
                  lengths=["3"], out=str(out))
   result = json.loads(out.read_text())
   assert list(result["curves"]) == ["0", "1"] and result["lengths"] == [3]
   assert [p["step"] for p in result["curves"]["0"]] == [1, 2]
   assert set(result["curves"]["1"][-1]["copied"]) == {"3"}
   with pytest.raises(ValueError, match="lengths must be digit counts in 1-9"):
-    copy_study.run(default.get_config("tiny"), [0], steps=1, every=1, eval_rows=8,
+    copy_study.run(default.get_config("all,tiny"), [0], steps=1, every=1, eval_rows=8,
                    lengths=[10])

@@ -194,7 +194,7 @@ def test_the_smollm_variant_trains_a_gguf_policy_and_exports_what_transformers_s
   vocab = _vocab(tokenizer_dir)
   path = str(tmp_path / "tiny.gguf")
   gguf_files.write_gguf(_net("qwen2", vocab), tokenizer_dir, path, arch="qwen2")
-  cfg = default.get_config("smollm")
+  cfg = default.get_config("all,smollm")
   assert cfg.model.init_from == os.path.join(get_model.DEFAULT_OUT,
                                              os.path.basename(get_model.MODELS[
                                                  "smollm2-135m-instruct"][1]))
@@ -219,7 +219,7 @@ def test_the_smollm_variant_runs_on_the_real_file(tmp_path):
   and chat template, and RL runs on them."""
   if not os.path.exists(SMOLLM):
     get_model.fetch("smollm2-135m-instruct", os.path.dirname(SMOLLM))
-  cfg = default.get_config("smollm")
+  cfg = default.get_config("all,smollm")
   cfg.model.init_from = SMOLLM
   cfg.sft.steps = 1
   cfg.rl.iterations = 1

@@ -13,7 +13,8 @@ from experiments.configs import default
 def _config_of(study, arm, seed, tiny):
   """The config of a run's command line."""
   variant, overrides = long_horizon.arm_config(study, arm, seed, tiny)
-  cfg = default.get_config(variant)
+  variants = ",".join(filter(None, ("all", variant)))
+  cfg = default.get_config(variants)
   for dotted, value in overrides.items():
     *path, key = dotted.split(".")
     node = cfg
@@ -21,7 +22,7 @@ def _config_of(study, arm, seed, tiny):
       node = node[part]
     node[key] = value
   cmd = long_horizon.command(study, arm, seed, "/tmp/x", tiny)
-  assert f"--config=experiments/configs/default.py:{variant}" in cmd
+  assert f"--config=experiments/configs/default.py:{variants}" in cmd
   assert all(f"--config.{k}={v}" in cmd for k, v in overrides.items())
   return cfg
 

@@ -63,7 +63,7 @@ def test_a_budget_is_set_once_from_successful_lengths():
     (dict(accuracy_threshold=1.0), "accuracy_threshold"), (dict(penalty=0.0), "penalty"),
     (dict(budget=3), "toggle")])
 def test_bad_toggle_settings_are_refused_before_compiling(bad, says):
-  cfg = default.get_config("tiny")
+  cfg = default.get_config("all,tiny")
   for key, value in bad.items():
     cfg.rl.toggle[key] = value
   with pytest.raises(config_lib.ConfigError, match=says):
@@ -93,11 +93,11 @@ def test_the_rl_stage_shapes_with_the_budgets_and_learns_them():
                  np.zeros(4, np.int32), mask, {"outcome": success.astype(np.float32)})
   layout = objectives.GroupLayout.of(np.array([0, 0, 1, 1]), 2)
   collected = rl.Collected(batch, layout, _Sampled(np.array([7, 3])), None, 0.0, step=0)
-  cfg = default.get_config("tiny")
+  cfg = config_lib.validate(default.get_config("all,tiny"))
   stage = rl.RLStage(2, 2, 1, sampling=None, objective=None, needs=frozenset(),
-                     signal_cfg=config_lib.signal_config(cfg.rl),
-                     shift_cfg=config_lib.shift_config(cfg.rl),
-                     explore_cfg=config_lib.exploration_config(cfg.rl), step_fn=None,
+                     signal_cfg=config_lib.signal_config(cfg["rl"]),
+                     shift_cfg=config_lib.shift_config(cfg["rl"]),
+                     explore_cfg=config_lib.exploration_config(cfg["rl"]), step_fn=None,
                      state_sharding=None,
                      toggle_cfg=dataclasses.replace(_CFG, accuracy_threshold=0.4))
   budget = toggle.init_budgets(10)
@@ -115,7 +115,7 @@ def test_the_rl_stage_shapes_with_the_budgets_and_learns_them():
 
 
 def test_toggle_through_the_trainer_alternates_phases_and_checkpoints_budgets(tmp_path):
-  cfg = default.get_config("tiny")
+  cfg = default.get_config("all,tiny")
   cfg.stages = ("rl",)
   cfg.rl.toggle.phase_iterations = 1
   loop.train(cfg, str(tmp_path))

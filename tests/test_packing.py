@@ -53,7 +53,7 @@ def test_every_sequence_is_packed_once_and_intact(lengths):
 
 @pytest.mark.parametrize("jit", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_packed_rows_score_each_sequence_as_alone(jit):
-  cfg = default.get_config("tiny")
+  cfg = default.get_config("all,tiny")
   run = run_lib.build(cfg)
   data = run.demonstrations(None, cfg.sft, jax.random.key(0))
   packed = codec.pack_rows(data["tokens_BxT"], data["loss_mask_BxT"], run.codec.ids.pad)
@@ -79,7 +79,7 @@ def test_packing_and_the_schedule_through_the_trainer(tmp_path):
   # Packed: the same rows a step hold about twice the demonstrations; the
   # learning rate warms up for a step, then the cosine decays it to 0 at the
   # stage's end.
-  cfg = default.get_config("tiny")
+  cfg = default.get_config("all,tiny")
   cfg.stages = ("sft",)
   cfg.sft.update(steps=4, pack=True, warmup_steps=1, learning_rate=1e-3,
                  schedule="warmup_cosine")
@@ -104,7 +104,7 @@ def test_packing_and_the_schedule_through_the_trainer(tmp_path):
 def test_strategy_weights_pick_the_demonstrated_strategies(weights, first_boxes):
   # The boxes family's strategies: linear opens box 1 first, reverse the
   # last box, binary one in the middle.
-  cfg = default.get_config("tiny")
+  cfg = default.get_config("all,tiny")
   cfg.tasks.update(families=("boxes",), weights=(1.0,), difficulty=(0, 1, 2))
   cfg.sft.update(demo_noise=0.0, num_demos=60)
   cfg.sft.strategy_weights.boxes = weights

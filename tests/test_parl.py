@@ -233,7 +233,7 @@ class Delegator:
 @pytest.fixture(scope="module")
 def sub_agent_dir(tmp_path_factory):
   """A tiny policy trained (briefly) on multihop: the frozen sub-agent."""
-  cfg = default.get_config("tiny")
+  cfg = default.get_config("all,tiny")
   cfg.stages = ("sft",)
   cfg.tasks.update(families=("multihop",), weights=(1.0,))
   cfg.sft.steps = 2
@@ -243,7 +243,7 @@ def sub_agent_dir(tmp_path_factory):
 
 
 def _orchestrator_cfg(sub_agent_dir, **parl_values):
-  cfg = default.get_config("tiny")
+  cfg = default.get_config("all,tiny")
   cfg.tasks.update(source="host", host_env=f"{__name__}:Delegator")
   cfg.sft.update(steps=60, batch_size=16, num_demos=16, demo_noise=0.0)  # learns to close actions
   cfg.rl.iterations = 2
@@ -314,7 +314,7 @@ def test_charged_steps_without_sub_agents_are_tool_calls():
   ro = Rollout.__new__(Rollout)
   object.__setattr__(ro, "num_tool_calls_B", np.array([2, 3]))
   object.__setattr__(ro, "info", {})
-  np.testing.assert_array_equal(parl.charged_steps(default.get_config("tiny"), ro), [2, 3])
+  np.testing.assert_array_equal(parl.charged_steps(default.get_config("all,tiny"), ro), [2, 3])
 
 
 def test_text_subtasks_are_played_by_a_host_trained_sub_agent(codec):

@@ -16,7 +16,7 @@ from experiments.configs import default
 
 @pytest.mark.slow  # a training run and three evaluation builds: 100 s on 2 cores
 def test_probe_reproduces_the_runs_greedy_success_and_adds_sampled(tmp_path, capsys):
-  cfg = default.get_config("tiny")
+  cfg = default.get_config("all,tiny")
   summary = loop.train(cfg, str(tmp_path))
   n = cfg.eval.num_prompts
   # On the run's level and evaluation prompts, greedy success is the run's.
@@ -42,8 +42,8 @@ def test_probe_reproduces_the_runs_greedy_success_and_adds_sampled(tmp_path, cap
 
 
 def test_copy_probs_scores_the_tool_result_in_a_miscopied_answers_place():
-  cfg = default.get_config("tiny")
-  config = config_lib.model_config(cfg)
+  cfg = default.get_config("all,tiny")
+  config = config_lib.model_config(config_lib.validate(cfg))
   params = model_lib.init_params(config, jax.random.key(0))
   codec = text.load_codec()
   ids, digits = codec.ids, codec.tokenizer.encode

@@ -63,7 +63,7 @@ def test_majority_of_verdicts_follows_the_likelier_one():
 @pytest.fixture(scope="module")
 def judge_dir(tmp_path_factory):
   """A barely trained tiny policy: a deliberately noisy judge."""
-  cfg = default.get_config("tiny")
+  cfg = default.get_config("all,tiny")
   cfg.stages = ("sft",)
   cfg.sft.steps = 2
   cfg.seed = 11
@@ -75,7 +75,7 @@ def judge_dir(tmp_path_factory):
 def _rl_cfg():
   """Outcome-only rewards on the tiny policy, which fails every prompt:
   without hooks every group's rewards are equal."""
-  cfg = default.get_config("tiny")
+  cfg = default.get_config("all,tiny")
   cfg.stages = ("rl",)
   cfg.rl.iterations = 2
   cfg.rl.signal.allocation = "uniform"
@@ -141,7 +141,7 @@ def test_a_user_function_adds_its_weighted_component(tmp_path):
     (dict(function=dict(weight=1.0, fn="os:no_such_function")), "cannot be loaded"),
 ])
 def test_bad_hooks_are_refused_before_building(change, message, judge_dir):
-  cfg = default.get_config("tiny")
+  cfg = default.get_config("all,tiny")
   for hook, values in change.items():
     if hook == "judge":
       cfg.reward_hooks.judge.run = judge_dir

@@ -150,14 +150,15 @@ def test_reward_config_refuses_bad_values(kwargs, match):
 
 
 @pytest.mark.parametrize("edit, match", [
-    (lambda r: r.update(efficency=0.1), r"config.tasks.rewards: .*unknown keys \['efficency'\]"),
-    (lambda r: r.efficiency_weights.update(tme=0.5), r"unknown keys \['tme'\]"),
+    (lambda r: r.update(efficency=0.1), r"config.tasks.rewards has no key efficency"),
+    (lambda r: r.efficiency_weights.update(tme=0.5),
+     r"config.tasks.rewards.efficiency_weights has no key tme"),
     (lambda r: r.efficiency_weights.update(time=-1.0), "efficiency_weights.time"),
     (lambda r: r.update(time_budget_s=0.0), "time_budget_s"),
     (lambda r: r.update(format=float("nan")), "RewardConfig.format"),
 ])
 def test_bad_reward_configs_fail_before_compiling(edit, match):
-  cfg = default.get_config("tiny")
+  cfg = default.get_config("all,tiny")
   edit(cfg.tasks.rewards)
   with pytest.raises(config_lib.ConfigError, match=match):
     config_lib.validate(cfg)
@@ -225,7 +226,7 @@ class SlowTwoGuesses(TwoGuesses):
 
 
 def _host_run(**rewards):
-  cfg = default.get_config("tiny")
+  cfg = default.get_config("all,tiny")
   cfg.tasks.rewards.update(**rewards)
   return Run(cfg, codec=None, env=None, tasks=None, model_config=None, mesh=None)
 
@@ -279,7 +280,7 @@ class SlowResetGuess(text_games.GuessNumber):
 def test_the_time_weight_changes_the_reward_in_training(tmp_path):
   records = {}
   for time_weight in (0.0, 0.5):
-    cfg = default.get_config("tiny")
+    cfg = default.get_config("all,tiny")
     cfg.stages = ("rl",)
     cfg.tasks.update(source="host", host_env=f"{__name__}:SlowResetGuess")
     cfg.tasks.rewards.update(time_budget_s=0.2)

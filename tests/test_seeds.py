@@ -17,7 +17,7 @@ def test_each_seed_runs_the_default_config(monkeypatch):
   assert [c[0] for c in commands] == ["/tmp/root/seed3", "/tmp/root/seed4"]
   cfg = train_commands.config_of(*commands[0][1:3])
   config_lib.validate(cfg)
-  want = default.get_config()
+  want = default.get_config("all")
   want.seed = 3
   assert cfg == want
 

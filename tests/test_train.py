@@ -37,7 +37,7 @@ REQUIRED = (
 
 
 def _cfg():
-  cfg = default.get_config("tiny")
+  cfg = default.get_config("all,tiny")
   # The off-policy path and its checkpointed actors: two updates per batch,
   # and the actor up to two updates behind.
   cfg.rl.update(max_staleness=2, updates_per_batch=2)
@@ -191,7 +191,7 @@ def test_resume_gives_the_same_metrics(straight, tmp_path):
         temperature_schedule="cosine", temperature_steps=5)), "softcap"),
 ])
 def test_bad_configs_fail_before_compiling(edit, match):
-  cfg = default.get_config("tiny")
+  cfg = default.get_config("all,tiny")
   edit(cfg)
   with pytest.raises(ValueError, match=match):
     config_lib.validate(cfg)
@@ -207,7 +207,7 @@ def test_bad_configs_fail_before_compiling(edit, match):
 ])
 def test_sampling_limits_the_tasks_cannot_meet_are_refused_before_training(
     tmp_path, sampling, match):
-  cfg = default.get_config("tiny")
+  cfg = default.get_config("all,tiny")
   cfg.sampling.update(sampling)
   with pytest.raises(ValueError, match=match):
     loop.train(cfg, str(tmp_path))
@@ -228,7 +228,7 @@ def test_misspelt_override_lists_valid_keys():
 
 def test_rebn_runs_end_to_end(tmp_path, monkeypatch):
   # Token-level advantages [B, T] through the sharded, micro-batched step.
-  cfg = default.get_config("tiny")
+  cfg = default.get_config("all,tiny")
   cfg.stages = ("rl",)
   cfg.rl.update(iterations=1, advantage="rebn")
   cfg.micro_batches = 2
@@ -251,7 +251,7 @@ def test_rebn_runs_end_to_end(tmp_path, monkeypatch):
 def test_rollout_budget_ends_the_stage_at_equal_sampling_cost(tmp_path):
   # Uniform allocation spends P * G = 8 episodes an iteration: a budget of 12
   # ends the stage after two of its ten iterations, evaluated at its end.
-  cfg = default.get_config("tiny")
+  cfg = default.get_config("all,tiny")
   cfg.stages = ("rl",)
   cfg.rl.update(iterations=10, rollout_budget=12)
   cfg.rl.signal.allocation = "uniform"
@@ -276,7 +276,7 @@ def test_sft_demonstrations_keep_to_the_policys_tokens_per_turn():
   """The SFT stage imitates only demonstrations whose every action fits in
   ``sampling.max_new_tokens_per_turn``: the rollout could never finish a
   longer one."""
-  cfg = default.get_config("tiny")
+  cfg = default.get_config("all,tiny")
   demos = run_lib.build(cfg).demonstrations(None, cfg.sft, jax.random.key(0))
   limit = longest_action(demos["loss_mask_BxT"]) - 2
   cfg.sampling.max_new_tokens_per_turn = limit
@@ -289,7 +289,7 @@ def test_too_few_demonstrations_left_for_a_batch_are_refused_naming_the_limits(t
   """Demonstrations the rollout could not record are left out; when fewer
   rows than an SFT batch remain, the run stops before compiling and says
   which limits left them out."""
-  cfg = default.get_config("tiny")
+  cfg = default.get_config("all,tiny")
   cfg.stages = ("sft",)
   demos = run_lib.build(cfg).demonstrations(None, cfg.sft, jax.random.key(0))
   longest_N = np.array([longest_action([m]) for m in demos["loss_mask_BxT"]])
@@ -311,7 +311,7 @@ def test_evaluation_decodes_greedily_and_samples_with_one_compiled_engine():
   out = run_lib.evaluate(run, params, jax.random.key(1))
   assert len(run.engines) == 1, list(run.engines)
   assert {"eval/success", "eval/pass_at_k", "eval/pass_at_1"} <= set(out)
-  sampling = config_lib.sampling_config(cfg, greedy=True)
+  sampling = config_lib.sampling_config(run.cfg, greedy=True)
   ids = np.arange(cfg.eval.num_prompts)
   shared = run.rollout(params, sampling, "test", ids, jax.random.key(1), 0, cfg.eval.batch_rows)
   inst = run.tasks.instances("test", ids)
@@ -327,7 +327,7 @@ def test_evaluation_reports_greedy_and_sampled_success_per_family(monkeypatch):
   """Greedy success over the evaluation prompts, sampled success (pass@1)
   over the pass@k samples, each overall and per family; the summary takes
   both from a stage's last evaluation."""
-  cfg = default.get_config("tiny")
+  cfg = default.get_config("all,tiny")
   cfg.eval.update(num_prompts=12, pass_k=3, pass_k_prompts=6)
   run = run_lib.build(cfg)
   calls = []

@@ -219,7 +219,7 @@ def test_restart_replays_episodes_that_new_weights_interrupt():
   cfg = _async_cfg(host_env="guess_number")
   run = run_lib.build(cfg)
   params = model_lib.init_params(run.model_config, jax.random.key(0))
-  sampling = config_lib.sampling_config(cfg)
+  sampling = config_lib.sampling_config(run.cfg)
   versions = {}
   for restart in (False, True):
     ro = run.rollout(params, sampling, "train", np.arange(8), jax.random.key(1), 0, 8,

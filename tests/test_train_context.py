@@ -17,7 +17,7 @@ from experiments.configs import default
 
 
 def _ledger_cfg(policy):
-  cfg = default.get_config("tiny,ledger")
+  cfg = default.get_config("all,tiny,ledger")
   cfg.context.policy = policy
   cfg.tasks.host_kwargs = '{"entries": 8}'  # every episode outgrows the context
   # Enough SFT for the tiny policy to close its actions, so episodes run long.
@@ -80,7 +80,7 @@ def _option_run(tmp_path, monkeypatch, **context):
   """A short warm start and one RL iteration of the tiny policy on
   :class:`Notes` with ``config.context`` set to ``context``; the learner's
   batch as it arrived."""
-  cfg = default.get_config("tiny,ledger")
+  cfg = default.get_config("all,tiny,ledger")
   cfg.tasks.update(host_env=f"{__name__}:Notes", host_kwargs="")
   cfg.context.update(**context)
   cfg.sampling.max_turns = 20
@@ -133,20 +133,20 @@ def test_without_context_management_no_ledger_demonstration_fits(tmp_path):
 
 
 def test_context_management_refusals():
-  cfg = default.get_config("tiny")
+  cfg = default.get_config("all,tiny")
   cfg.context.policy = "discard_all"
   with pytest.raises(config_lib.ConfigError, match="tasks.source=host"):
     config_lib.validate(cfg)
-  cfg = default.get_config("tiny,ledger")
+  cfg = default.get_config("all,tiny,ledger")
   cfg.context.update(policy="drop_tool_results", keep_tool_results=0)
   with pytest.raises(config_lib.ConfigError, match="keep_tool_results"):
     config_lib.validate(cfg)
-  cfg = default.get_config("tiny,ledger")
+  cfg = default.get_config("all,tiny,ledger")
   cfg.context.policy = "summary"
   cfg.rl.advantage = "rebn"
   with pytest.raises(config_lib.ConfigError, match="per-token advantages by turn"):
     config_lib.validate(cfg)
-  cfg = default.get_config("tiny")
+  cfg = default.get_config("all,tiny")
   cfg.tasks.update(source="host", host_env="guess_number")
   cfg.context.policy = "summary"
   with pytest.raises(config_lib.ConfigError, match="summary\\(observations\\)"):

@@ -27,7 +27,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _tiny():
   """The tiny config on two task families: the tests below give the boxes
   family a role of its own (a family without a teacher, one outside the run)."""
-  cfg = default.get_config("tiny")
+  cfg = default.get_config("all,tiny")
   cfg.tasks.update(families=("calc_chain", "multihop"), weights=(0.5, 0.5))
   return cfg
 
@@ -224,7 +224,7 @@ def test_lora_host_families_and_a_comma_list_of_stages_are_refused(tmp_path):
   cfg.rl.signal.prompt_sampling = "prioritised"
   with pytest.raises(config_lib.ConfigError, match="prompt_sampling=uniform"):
     config_lib.validate(cfg)
-  cfg = default.get_config("tiny,ledger")
+  cfg = default.get_config("all,tiny,ledger")
   cfg.rl.families = ("calc_chain",)
   with pytest.raises(config_lib.ConfigError, match="one family"):
     config_lib.validate(cfg)
@@ -242,7 +242,7 @@ def test_a_teacher_of_another_architecture_is_refused(teacher_dir, tmp_path):
 
 
 def test_the_stagewise_variant_trains_family_after_family():
-  cfg = default.get_config("tiny,stagewise")
+  cfg = default.get_config("all,tiny,stagewise")
   assert cfg.stages == ("sft", "rl_calc_chain", "rl_multihop", "rl_boxes")
   assert cfg.rl_calc_chain.families == ("calc_chain",)
   assert cfg.rl_multihop.families == ("multihop",)

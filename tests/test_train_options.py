@@ -14,7 +14,7 @@ from experiments.configs import default
 
 
 def _rl_only(iterations=3):
-  cfg = default.get_config("tiny")
+  cfg = default.get_config("all,tiny")
   cfg.stages = ("rl",)
   cfg.rl.iterations = iterations
   cfg.eval.every = 100  # held-out evaluation at the end only
@@ -136,7 +136,7 @@ def test_adaptive_staleness_tightens_the_actors_bound(tmp_path, monkeypatch):
   # The actor's lag follows the bound: at most 2, then 1, then on-policy.
   lags = [r["shift/staleness_max"] for r in records]
   assert lags[0] == 0 and lags[1] <= 1 and lags[2:] == [0, 0]
-  assert isinstance(original(cfg.rl), shift.ShiftConfig)
+  assert isinstance(original(config_lib.validate(cfg)["rl"]), shift.ShiftConfig)
 
 
 def test_share_prefix_gives_the_losses_of_the_plain_learner(tmp_path, monkeypatch):
@@ -235,7 +235,7 @@ def test_decode_shared_prefix_decodes_groups_from_one_cache(tmp_path, monkeypatc
 ])
 def test_decode_shared_prefix_refusals(edit, match):
   from agentic_rl.train import config as config_lib  # pylint: disable=import-outside-toplevel
-  cfg = default.get_config("tiny")
+  cfg = default.get_config("all,tiny")
   edit(cfg)
   if match is None:
     config_lib.validate(cfg)
@@ -254,7 +254,7 @@ def test_decode_shared_prefix_refusals(edit, match):
 ])
 def test_share_prefix_refuses_groups_it_cannot_share(edit, match):
   from agentic_rl.train import config as config_lib  # pylint: disable=import-outside-toplevel
-  cfg = default.get_config("tiny")
+  cfg = default.get_config("all,tiny")
   edit(cfg)
   with pytest.raises(config_lib.ConfigError, match=match):
     config_lib.validate(cfg)

@@ -5,14 +5,13 @@ for the engine)."""
 import dataclasses
 
 import jax
-import ml_collections
 import numpy as np
 import pytest
 from flax import struct
 
 from agentic_rl.invariants import exploration, shift, signal
 from agentic_rl.invariants.rng import host_rng
-from agentic_rl.train import reward_hooks, rl
+from agentic_rl.train import reward_hooks, rl, settings
 
 
 @struct.dataclass
@@ -26,7 +25,7 @@ class _Run:
   """``Run.rollout`` with P(success) = p_true[prompt]; records the calls."""
 
   hooks = reward_hooks.Hooks()  # none
-  cfg = ml_collections.ConfigDict()  # no sub-agents
+  cfg = settings.Settings()  # no sub-agents
 
   def __init__(self, p_true):
     self.p_true, self.calls = p_true, []

@@ -11,8 +11,9 @@ def config_of(variant: str, overrides: dict):
   """The config ``common.train_command(..., variant, overrides)`` trains,
   its values parsed as the flags parse them."""
   cmd = common.train_command("/tmp/x", variant, overrides)
-  assert f"--config=experiments/configs/default.py:{variant}" in cmd
-  cfg = default.get_config(variant)
+  variants = ",".join(filter(None, ("all", variant)))
+  assert f"--config=experiments/configs/default.py:{variants}" in cmd
+  cfg = default.get_config(variants)
   for arg in cmd[5:]:
     dotted, value = arg[len("--config."):].split("=", 1)
     *path, key = dotted.split(".")

@@ -41,8 +41,6 @@ from agentic_rl.train import learner
 from agentic_rl.train import rl as rl_lib
 from agentic_rl.train.stream import HostStream
 
-ACTORS = ("sync", "async")
-
 
 def _copy(params):
   return jax.tree.map(jnp.copy, params)
@@ -51,7 +49,8 @@ def _copy(params):
 def make_actor(kind: str, run, rl, prompts: rl_lib.PromptSource, stage_key,
                state: learner.TrainState, step: int, controls: rl_lib.Controls, bound: int,
                *, end_step: int, snapshots=()):
-  """The stage's actor: ``kind`` is ``rl.actor`` ("sync" or "async");
+  """The stage's actor: ``kind`` is ``rl.actor`` ("sync" or "async",
+  ``agentic_rl.train.config.ACTORS``);
   iterations ``step`` to ``end_step - 1`` remain."""
   if kind == "async":
     return AsyncActor(run, rl, prompts, stage_key, state, step, controls, bound,

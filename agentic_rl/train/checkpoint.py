@@ -54,13 +54,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
 from agentic_rl import model as model_lib
 from agentic_rl.model import lora, pretrained
 from agentic_rl.train import learner
+from agentic_rl.train import settings as settings_lib
 
 _KEY_DTYPE = jax.dtypes.prng_key
 
@@ -486,11 +486,11 @@ def is_run_dir(path: str) -> bool:
 def load_frozen(run_dir: str, model_config_of) -> tuple[Any, Any, Any]:
   """``(params, model_config, config)`` of the run in ``run_dir``: the
   latest checkpoint's parameters for the architecture of its
-  ``config.json`` (an ``ml_collections.ConfigDict``, through
-  ``model_config_of``, the trainer's ``config.model_config``). For a frozen
-  policy of another run: a judge, a sub-agent."""
+  ``config.json`` (its :class:`~agentic_rl.train.settings.Settings`,
+  through ``model_config_of``, the trainer's ``config.model_config``). For a
+  frozen policy of another run: a judge, a sub-agent."""
   with open(os.path.join(run_dir, "config.json")) as f:
-    config = ml_collections.ConfigDict(json.load(f))
+    config = settings_lib.parse(json.load(f))
   model_config = model_config_of(config)
   like = jax.eval_shape(lambda: model_lib.init_params(model_config, jax.random.key(0)))
   return load_params(run_dir, like=like), model_config, config
@@ -505,7 +505,7 @@ def initial_params(run, key: jax.Array):
   only its adapters: resuming rebuilds the base here
   (:func:`restored_params`), so this must give the same base every time."""
   config = run.model_config
-  if not (path := run.cfg.model.get("init_from", "")):
+  if not (path := run.cfg.model.init_from):
     return model_lib.init_params(config, key)
   host = pretrained.load_params(path, config)
   if config.lora_rank:

@@ -47,7 +47,7 @@ def export_policy(cfg, config: model_lib.TransformerConfig, params, out: str) ->
   when no supported architecture expresses ``config``."""
   config, params = lora.merge(params, config)
   hf.save_hf_checkpoint(out, config, params)
-  source = cfg.model.get("init_from", "")
+  source = cfg.model.init_from
   if source and pretrained.is_gguf(source):
     HFTokenizer.from_pretrained(source).save(out)
   elif source:

@@ -180,6 +180,7 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
   :class:`TrainingHalted`.
   """
   run = build(cfg)
+  cfg = run.cfg  # the run's Settings
   with interrupt.Interrupts() as interrupts:
     d = Driver(cfg, workdir, stop_after, interrupts, run.model_config)
     progress, restored = d.progress, d.restored

@@ -54,7 +54,7 @@ def agents_of(value) -> dict[str, str]:
 
 
 def enabled(cfg) -> bool:
-  return cfg.get("parl") is not None and bool(agents_of(cfg.parl.agents))
+  return cfg.parl is not None and bool(agents_of(cfg.parl.agents))
 
 
 def make_swarm(cfg, codec, model_config_of, sampling_config_of) -> Swarm | None:
@@ -70,7 +70,7 @@ def make_swarm(cfg, codec, model_config_of, sampling_config_of) -> Swarm | None:
       raise ValueError(f"config.parl.agents.{name}={run_dir!r} has a vocabulary of "
                        f"{model_config.vocab_size} tokens, fewer than this run's tokenizer; a "
                        "sub-agent must share the run's tokenizer")
-    host = sub_cfg.tasks.get("source", "jax") == "host"
+    host = sub_cfg.tasks.source == "host"
     agents[name] = SubAgent(
         params, model_config, sampling_config_of(sub_cfg, greedy=True),
         source="host" if host else "jax",
@@ -108,7 +108,7 @@ def with_bonus(cfg, ro: Rollout, step: int) -> Rollout:
 
 def validate(cfg, err) -> None:
   """``config.parl``; ``err(message)`` raises."""
-  p = cfg.get("parl")
+  p = cfg.parl
   if p is None:
     return
   try:
@@ -117,7 +117,7 @@ def validate(cfg, err) -> None:
     err(str(e))
   if not agents:
     return
-  if cfg.tasks.get("source", "jax") != "host":
+  if cfg.tasks.source != "host":
     err("config.parl.agents: the orchestrator is a host environment whose step returns a "
         "Spawn (agentic_rl.envs.swarm); set --config.tasks.source=host and "
         "--config.tasks.host_env (e.g. parallel_hops)")
@@ -126,13 +126,13 @@ def validate(cfg, err) -> None:
       err(f"config.parl.agents.{name}={run_dir!r} is not a run directory of this project "
           "(WORKDIR with checkpoints/ and config.json); train one with experiments.train")
   for key in ("rows", "max_width"):
-    if not isinstance(p[key], int) or p[key] < 1:
-      err(f"config.parl.{key} must be an int >= 1, got {p[key]!r}")
+    if not isinstance(getattr(p, key), int) or getattr(p, key) < 1:
+      err(f"config.parl.{key} must be an int >= 1, got {getattr(p, key)!r}")
   for key in ("max_critical_steps", "anneal_iterations"):
-    if not isinstance(p[key], int) or p[key] < 0:
-      err(f"config.parl.{key} must be an int >= 0, got {p[key]!r}")
+    if not isinstance(getattr(p, key), int) or getattr(p, key) < 0:
+      err(f"config.parl.{key} must be an int >= 0, got {getattr(p, key)!r}")
   if p.charge not in CHARGES:
     err(f"config.parl.charge is {p.charge!r}; valid: {', '.join(CHARGES)}")
   for key in ("parallel_bonus", "finish_bonus"):
-    if not isinstance(p[key], (int, float)) or not np.isfinite(p[key]) or p[key] < 0:
-      err(f"config.parl.{key} must be a finite weight >= 0, got {p[key]!r}")
+    if not isinstance(getattr(p, key), (int, float)) or not np.isfinite(getattr(p, key)) or getattr(p, key) < 0:
+      err(f"config.parl.{key} must be a finite weight >= 0, got {getattr(p, key)!r}")

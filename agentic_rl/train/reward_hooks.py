@@ -81,7 +81,7 @@ def make_hooks(cfg, codec, model_config_of) -> Hooks:
   """The hooks of ``cfg.reward_hooks`` (a weight of 0 turns one off);
   ``model_config_of`` is the trainer's ``config.model_config``."""
   hooks = Hooks()
-  h = cfg.get("reward_hooks")
+  h = cfg.reward_hooks
   if h is None:
     return hooks
   if h.function.weight:

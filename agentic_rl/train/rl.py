@@ -153,7 +153,7 @@ def make_rl_stage(run: Run, stage, optimizer, params, *, reset_each_iteration: b
   explore_cfg = config_lib.exploration_config(stage)
   scoring = dict(temperature=stage.temperature, logprob_impl=cfg.model.logprob_impl,
                  scheduled_temperature=explore_cfg.scheduled_temperature,
-                 group_size=stage.group_size if stage.get("share_prefix") else 1)
+                 group_size=stage.group_size if stage.share_prefix else 1)
   with_reference = "ref_logp_BxT" in needs
   loss_fn = learner.rl_loss(run.model_config, objective,
                             adaptive_entropy=explore_cfg.adaptive_entropy, **scoring)
@@ -178,7 +178,7 @@ def make_rl_stage(run: Run, stage, optimizer, params, *, reset_each_iteration: b
   return RLStage(stage.prompts_per_step, stage.group_size, stage.updates_per_batch, sampling,
                  objective, needs, signal_cfg, config_lib.shift_config(stage), explore_cfg,
                  step_fn, state_sharding, score_fn, reset_fn, greedy,
-                 stage.get("actor_rows", 0), config_lib.toggle_config(stage))
+                 stage.actor_rows, config_lib.toggle_config(stage))
 
 
 def reference_policy(stage, params):
@@ -187,7 +187,7 @@ def reference_policy(stage, params):
   those the stage starts from (``params``)."""
   if stage.kind != "rl" or not config_lib.objective_config(stage).kl_coef:
     return None
-  if not stage.get("reference_from"):
+  if not stage.reference_from:
     return jax.tree.map(jnp.copy, params)
   try:
     return checkpoint_lib.load_params(stage.reference_from, like=params)

@@ -41,13 +41,15 @@ from agentic_rl.rollout.types import EPISODE_STATUS, Rollout, select_rows
 from agentic_rl.text import load_codec
 from agentic_rl.train import config as config_lib
 from agentic_rl.train import parl, reward_hooks, sharding
+from agentic_rl.train.settings import Settings
 
 
 @dataclasses.dataclass
 class Run:
-  """Everything built once from the config."""
+  """Everything built once from the config; ``cfg`` is the run's
+  :class:`~agentic_rl.train.settings.Settings`."""
 
-  cfg: Any
+  cfg: Settings
   codec: Any  # agentic_rl.text.Codec, or a checkpoint's ChatCodec (init_from)
   env: Any  # the jitted environment (mixture), or None for host environments
   tasks: Tasks | HostTasks
@@ -101,7 +103,7 @@ class Run:
           self.model_config, sampling, self.codec.ids, env=self.env, batch_size=rows,
           group_size=group_size,
           row_sharding=sharding.batch_sharding(self.mesh) if split else None,
-          decode_shared_prefix=self.cfg.sampling.get("decode_shared_prefix", False))
+          decode_shared_prefix=self.cfg.sampling.decode_shared_prefix)
     return self.engines[key]
 
   def rollout(self, params, sampling: SamplingConfig, split: str, ids: np.ndarray, key,
@@ -121,7 +123,7 @@ class Run:
     with ``restart`` start again under them."""
     parts = []
     group = math.gcd(prompt_group_size(ids), group_size or 0, rows)
-    if not self.cfg.sampling.get("share_prefill", True):
+    if not self.cfg.sampling.share_prefill:
       group = 1
     for start in range(0, len(ids), rows):
       chunk = ids[start:start + rows]
@@ -192,7 +194,7 @@ class Run:
     last turn: no partial credit (GEM's GuessTheNumber pays
     ``1 - distance / 9`` for a wrong last guess)."""
     cfg = self.cfg
-    config = rewards_lib.RewardConfig.from_mapping(cfg.tasks.rewards)
+    config = cfg.tasks.rewards
     success_B = np.asarray(ro.reward_B) > cfg.tasks.success_threshold
     comps, term_B = rewards_lib.host_components(
         success=success_B, calls=parl.charged_steps(cfg, ro), tokens=policy_tokens(ro),
@@ -202,7 +204,7 @@ class Run:
     turn_rewards = np.array(ro.turn_rewards_BxC, np.float32)
     rows = np.arange(len(reward_B))
     last_B = np.clip(np.asarray(ro.num_turns_B) - 1, 0, turn_rewards.shape[1] - 1)
-    if cfg.tasks.get("host_reward", "env") == "success":
+    if cfg.tasks.host_reward == "success":
       reward_B = np.float32(config.outcome) * success_B.astype(np.float32)
       turn_rewards = np.zeros_like(turn_rewards)
       turn_rewards[rows, last_B] = reward_B
@@ -308,10 +310,13 @@ class Run:
 
 
 def build(cfg) -> Run:
-  config_lib.validate(cfg)
-  codec = load_codec(cfg.model.get("init_from") or None)
+  """The run of the experiment config ``cfg`` (a ConfigDict, parsed into
+  :class:`~agentic_rl.train.settings.Settings` and validated here: the one
+  place the ConfigDict is read)."""
+  cfg = config_lib.validate(cfg)
+  codec = load_codec(cfg.model.init_from or None)
   model_config = config_lib.model_config(cfg)
-  mesh = sharding.make_mesh(sharding.MeshConfig(**cfg.mesh))
+  mesh = sharding.make_mesh(cfg.mesh)
   hooks = reward_hooks.make_hooks(cfg, codec, config_lib.model_config)
   if cfg.tasks.source == "host":
     tasks = HostTasks(factories.load_factory(cfg.tasks.host_env),
@@ -320,12 +325,12 @@ def build(cfg) -> Run:
     swarm = parl.make_swarm(cfg, codec, config_lib.model_config, config_lib.sampling_config)
     return Run(cfg, codec, None, tasks, model_config, mesh, hooks=hooks, swarm=swarm)
   member_kwargs = {}
-  if cfg.tasks.get("programs"):  # a synthesised task dataset
+  if cfg.tasks.programs:  # a synthesised task dataset
     member_kwargs["composed"] = {"programs": synthesis.load_programs(cfg.tasks.programs)}
   env = envs_lib.make_env(
       "mixture", codec, members=tuple(cfg.tasks.families),
       weights=tuple(cfg.tasks.weights), member_kwargs=member_kwargs,
-      rewards=envs_lib.RewardConfig(**cfg.tasks.rewards))
+      rewards=cfg.tasks.rewards)
   if cfg.sampling.max_new_tokens_per_turn > env.max_action_len:
     raise ValueError(
         f"config.sampling.max_new_tokens_per_turn={cfg.sampling.max_new_tokens_per_turn}: "

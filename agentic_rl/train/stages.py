@@ -33,7 +33,7 @@ def budget_spent(stage, progress) -> bool:
   """An RL stage with ``rollout_budget`` > 0 ends once it has generated that
   many episodes (all of them, dropped groups included), so arms whose
   allocation spends rollouts differently compare at equal sampling cost."""
-  budget = stage.get("rollout_budget", 0)
+  budget = stage.kind == "rl" and stage.rollout_budget
   return bool(budget) and progress.stage_rollouts >= budget
 
 
@@ -71,7 +71,7 @@ def sft(run, driver, name, stage, state, optimizer, controls, stage_key, snapsho
   cfg, p = run.cfg, driver.progress
   data = run.demonstrations(state.params, stage, stage_key)
   demos_per_row = np.ones(data["tokens_BxT"].shape[0])
-  if stage.get("pack", False):
+  if stage.pack:
     data = codec_lib.pack_rows(data["tokens_BxT"], data["loss_mask_BxT"], run.codec.ids.pad)
     demos_per_row = data["segment_ids_BxT"].max(axis=1)
   if data["tokens_BxT"].shape[0] < stage.batch_size:
@@ -80,7 +80,7 @@ def sft(run, driver, name, stage, state, optimizer, controls, stage_key, snapsho
         f"{data['tokens_BxT'].shape[0]} rows of demonstrations: of the "
         f"{stage.num_demos} played, those that fit in config.sampling.max_total_tokens "
         f"with every action within config.sampling.max_new_tokens_per_turn"
-        f"{f', packed by config.{name}.pack' if stage.get('pack', False) else ''}; "
+        f"{f', packed by config.{name}.pack' if stage.pack else ''}; "
         f"lower it, or raise config.{name}.num_demos or those limits")
   step_fn, state_sharding = learner.shard_train_step(learner.make_train_step(
       learner.sft_loss(run.model_config, logprob_impl=cfg.model.logprob_impl),
@@ -142,7 +142,7 @@ def rl_stage(run, driver, name, stage, state, optimizer, controls, stage_key, sn
         staleness=shift.init_staleness_bound(stage_rl.shift_cfg))
   prompts = rl.PromptSource(stage_rl.signal_cfg,
                             run.tasks.difficulty_of(np.arange(run.cfg.tasks.train_size)),
-                            p.data_pos, p.data_skip, pool=run.prompt_pool(stage.get("families", ())))
+                            p.data_pos, p.data_skip, pool=run.prompt_pool(stage.families))
   bands = stage_rl.signal_cfg.bands + stage_rl.shift_cfg.bands + stage_rl.explore_cfg.bands
   actor = actor_lib.make_actor(stage.actor, run, stage_rl, prompts, stage_key, state,
                                p.stage_step, controls, controls.staleness.bound,

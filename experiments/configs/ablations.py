@@ -149,7 +149,7 @@ def get_config(arg: str = "dynamic") -> ml_collections.ConfigDict:
   tiny = "tiny" in variants
   study = warm_starts.get(arm) or STUDY_OF[arm]
   base = {STUDY_VARIANTS[study]} if study in STUDY_VARIANTS else set()
-  cfg = default.get_config(",".join(sorted(variants | base)))
+  cfg = default.get_config(",".join(sorted(variants | base | {"all"})))
   for dotted, value in common.STUDY_BASE.items():
     if not (tiny and dotted in _SCALE):
       _set(cfg, dotted, value)
