@@ -53,7 +53,8 @@ def _full_table(kind: str, table: Mapping[str, Mapping[str, Any]]) -> dict:
   return full
 
 
-def _frozen(**defaults):
+def _table(**defaults):
+  """A dict field whose default is ``defaults`` (a fresh copy per instance)."""
   return dataclasses.field(default_factory=lambda: dict(defaults))
 
 
@@ -260,9 +261,9 @@ class RLStage:
   prompts_per_step: int = 16
   group_size: int = 8
   advantage: str = "grpo"
-  advantage_kwargs: dict = _frozen(grpo={"ddof": 0})
+  advantage_kwargs: dict = _table(grpo={"ddof": 0})
   loss: str = "ppo"
-  loss_kwargs: dict = _frozen(ppo={"eps_high": 0.28})  # DAPO's clip-higher
+  loss_kwargs: dict = _table(ppo={"eps_high": 0.28})  # DAPO's clip-higher
   agg: str = "token_mean"
   correction: str = "none"
   correction_kwargs: dict = dataclasses.field(default_factory=dict)
@@ -366,6 +367,8 @@ class Settings:
 
 
 _SECTIONS = {f.name for f in dataclasses.fields(Settings)} - {"sections"}
+# The optional mechanisms' sections (None in Settings unless the config has them).
+_OPTIONAL = {"parl": ParlSettings, "reward_hooks": RewardHooksSettings}
 
 
 # Fields of the library's dataclasses that the config does not hold: alarm
@@ -436,7 +439,7 @@ def section_default(path: str, kind: str | None = None):
   if top in _SECTIONS:
     value = getattr(Settings(), top)
     if value is None:
-      value = {"parl": ParlSettings, "reward_hooks": RewardHooksSettings}[top]()
+      value = _OPTIONAL[top]()
   elif (kind or top) in STAGES:
     value = STAGES[kind or top]()
   else:
@@ -483,8 +486,8 @@ def parse(cfg) -> Settings:
       raise ConfigError(f"config.{key} is not a section of the config; its sections: "
                         f"{', '.join(sorted(_SECTIONS))} and the stages")
     default = getattr(Settings(), key)
-    if default is None and key in ("parl", "reward_hooks"):
-      default = {"parl": ParlSettings, "reward_hooks": RewardHooksSettings}[key]()
+    if default is None:
+      default = _OPTIONAL[key]()
     values[key] = _fill(default, value, key) if dataclasses.is_dataclass(default) else value
   return Settings(**values)
 
