@@ -727,7 +727,9 @@ def trainer_figure(cfg: Config) -> dict:
   ro = collected.batch
   rows = ro.tokens_BxT.shape[0]
   L = int(np.max(ro.prompt_len_B))
-  engine = run.engine(stage.sampling, rows)
+  # The batch's prompts decoded alone, without the environment in the loop.
+  engine = rollout.RolloutEngine(run.model_config, stage.sampling, run.codec.ids,
+                                 batch_size=rows)
   params = jax.tree.map(jnp.copy, kept["state"].params)  # the step donates the state
   box = [kept["state"]]
   key = jax.random.key(cfg.seed)

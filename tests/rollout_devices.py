@@ -57,7 +57,7 @@ def main():
   cfg = ml_collections.ConfigDict({"sampling": {"decode_shared_prefix": False}})
   run = train_run.Run(cfg=cfg, codec=codec, env=env, tasks=None, model_config=config,
                  mesh=sharding.make_mesh(sharding.MeshConfig(data=2, tensor=2)))
-  loop_engine = run.engine(SAMPLING, NUM_PROMPTS * G)
+  loop_engine = run.collector.engine(SAMPLING, NUM_PROMPTS * G)
   rep = lambda x: np.repeat(x, G, axis=0)
   out["loop_engine"] = loop_engine.rollout(
       params, rep(inputs[0]), rep(inputs[1]), jax.tree.map(rep, instances), key, 0,

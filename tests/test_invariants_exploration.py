@@ -12,7 +12,7 @@ import pytest
 from agentic_rl.invariants import exploration
 from agentic_rl.invariants.alarms import Band
 from agentic_rl.invariants.exploration import ExplorationConfig
-from agentic_rl.invariants.groups import uniform_group_ids
+from agentic_rl.invariants.segments import uniform_group_ids
 
 # Two groups of four rollouts, up to four calls each (-1 pads).
 HASHES = np.array([

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from agentic_rl.invariants import signal
-from agentic_rl.invariants.groups import uniform_group_ids
+from agentic_rl.invariants.segments import uniform_group_ids
 from agentic_rl.invariants.rng import host_rng
 from agentic_rl.invariants.signal import SignalConfig
 

@@ -21,7 +21,7 @@ from agentic_rl.text import default_codec
 from agentic_rl.train import config as config_lib
 from agentic_rl.train import loop
 from agentic_rl.train import metrics as metrics_lib
-from agentic_rl.train.run import Run
+from agentic_rl.train.collectors import HostCollector
 from experiments.configs import default
 
 PARTS = ("reward/efficiency", "reward/efficiency_calls", "reward/efficiency_tokens",
@@ -228,7 +228,7 @@ class SlowTwoGuesses(TwoGuesses):
 def _host_run(**rewards):
   cfg = default.get_config("all,tiny")
   cfg.tasks.rewards.update(**rewards)
-  return Run(cfg, codec=None, env=None, tasks=None, model_config=None, mesh=None)
+  return HostCollector(config_lib.validate(cfg), codec=None, model_config=None, tasks=None)
 
 
 def test_a_slow_host_environment_gets_a_lower_time_efficiency(codec):
@@ -245,16 +245,16 @@ def test_a_slow_host_environment_gets_a_lower_time_efficiency(codec):
   # A reset and two steps, 50 ms each on the slow rows.
   assert seconds[0] < 0.05 and (seconds[1:] >= 0.15).all() and (seconds[1:] < 1.0).all()
 
-  run = _host_run(efficiency=0.5, efficiency_needs_success=True, time_budget_s=1.0,
+  collector = _host_run(efficiency=0.5, efficiency_needs_success=True, time_budget_s=1.0,
                   efficiency_weights=dict(calls=0.5, tokens=0.5, time=1.0))
-  out = run.with_outcome(ro)
+  out = collector.with_outcome(ro)
   c = out.reward_components
   np.testing.assert_array_equal(c["outcome"], [1.0, 1.0, 0.0])
   np.testing.assert_allclose(c["efficiency_time"], 1 - seconds, rtol=1e-5)
   assert c["efficiency_time"][0] > 0.95 > 0.85 > c["efficiency_time"][1]
   np.testing.assert_array_equal(c["efficiency_calls"], [1.0, 1.0, 1.0])  # no tools offered
   tokens = (np.asarray(ro.loss_mask_BxT) > 0).sum(axis=1)
-  s = run.cfg.sampling
+  s = collector.cfg.sampling
   np.testing.assert_allclose(
       c["efficiency_tokens"], 1 - tokens / (s.max_turns * s.max_new_tokens_per_turn), rtol=1e-6)
   np.testing.assert_allclose(c["efficiency"],

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from agentic_rl.rollout import sampling as S
-from agentic_rl.rollout import to_groups
 
 Cfg = S.SamplingConfig
 
@@ -209,14 +208,3 @@ def test_position_uniforms_are_the_per_position_draws():
     np.testing.assert_array_equal(S.sample_from_uniforms(u[:, j], logp),
                                   S.sample_tokens(folded, logp))
   assert len(np.unique(np.asarray(u))) == u.size
-
-
-def test_to_groups():
-  x = jnp.arange(12).reshape(6, 2)
-  g = to_groups(x, 3)
-  chex.assert_shape(g, (2, 3, 2))
-  np.testing.assert_array_equal(g[1, 0], [6, 7])
-  tree = to_groups({"a": x, "b": jnp.arange(6)}, 2)
-  chex.assert_shape([tree["a"], tree["b"]], [(3, 2, 2), (3, 2)])
-  with pytest.raises(ValueError, match="group size 4 does not divide the batch of 6"):
-    to_groups(x, 4)

@@ -140,7 +140,7 @@ def test_the_trainer_trains_on_a_synthesised_family(tasks_file, tmp_path):
   programs = synthesis.load_programs(tasks_file)
   cfg = _composed_cfg(tasks_file)
   run = run_lib.build(cfg)
-  assert run.env.envs[0].programs == programs
+  assert run.collector.env.envs[0].programs == programs
   inst = run.tasks.instances("train", np.arange(64))
   # Every prompt is one of the file's programs.
   assert set(np.asarray(inst.members[0].program).tolist()) <= set(range(len(programs)))

@@ -9,7 +9,7 @@ from agentic_rl.rollout.host_loop import Episode, HostLoop, TextEnv
 from agentic_rl.rollout.sampling import (SamplingConfig, entropy_of,
                                          sample_tokens, sampling_log_probs)
 from agentic_rl.rollout.types import (EPISODE_STATUS, FAILED_STATUS, Rollout, RolloutState,
-                                      Segments, select_rows, to_groups)
+                                      Segments, select_rows)
 from agentic_rl.rollout.workers import EnvWorkers, Outcome
 
 __all__ = [
@@ -33,5 +33,4 @@ __all__ = [
     "sampling_log_probs",
     "scored_rows",
     "select_rows",
-    "to_groups",
 ]

@@ -1,7 +1,7 @@
 """The rollout engine's data: the output contract and the carried loop state.
 
 Rows are prompt-major: a batch of ``B = P * G`` rows holds ``G`` consecutive
-samples of each of ``P`` prompts (see :func:`to_groups`).
+samples of each of ``P`` prompts.
 """
 
 from __future__ import annotations
@@ -202,21 +202,6 @@ class RolloutState:
         finished_B=self.ended_B,
         status_B=self.status_B,
         obs_clipped_B=self.obs_clipped_B)
-
-
-def to_groups(tree: PyTree, group_size: int) -> PyTree:
-  """Reshapes per-row arrays ``[B, ...]`` to ``[P, G, ...]`` (prompt-major).
-
-  ``tree`` is one array or any pytree of them (e.g. a :class:`Rollout`).
-  Raises ``ValueError`` when ``group_size`` does not divide B.
-  """
-  def split(x):
-    B = jnp.shape(x)[0]
-    if group_size < 1 or B % group_size:
-      raise ValueError(f"group size {group_size} does not divide the batch of "
-                       f"{B} rows")
-    return jnp.reshape(x, (B // group_size, group_size) + jnp.shape(x)[1:])
-  return jax.tree.map(split, tree)
 
 
 def select_rows(take_B: jax.Array, new: PyTree, old: PyTree) -> PyTree:

@@ -110,9 +110,9 @@ class AsyncActor:
     self.bound, self.controls = bound, controls
     self.first_step, self.first_version = first_step, int(state.step)
     self.end_step = end_step
-    # Host environments with uniform allocation are batched continuously;
-    # otherwise batch by batch.
-    self.streaming = run.host and rl.signal_cfg.allocation == "uniform"
+    # Continuously where the collector can (host environments with uniform
+    # allocation); otherwise batch by batch.
+    self.streaming = run.collector.streams(rl.signal_cfg.allocation)
     self._cond = threading.Condition()
     self._weights = (_copy(state.params), int(state.step))
     self._stop = False

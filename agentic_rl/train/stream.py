@@ -72,7 +72,7 @@ class HostStream:
     self.step, self.end_step = first_step, end_step
     self.history, self.stop = history, stop
     rows = rl.actor_rows or rl.rows
-    self.loop = run.new_host_loop(rl.sampling, rows)
+    self.loop = run.collector.new_host_loop(rl.sampling, rows)
     P, G = rl.prompts_per_step, rl.group_size
     self.window = shift.fifo_window(rl.shift_cfg, P)
     self.max_groups = max(self.window or P, P) + math.ceil(rows / G)
@@ -118,9 +118,9 @@ class HostStream:
     if not self.todo:
       return None
     gid, j = self.todo.popleft()
-    env = self.envs.pop() if self.envs else self.run.tasks.make()
+    env = self.envs.pop() if self.envs else self.run.collector.tasks.make()
     self.env_of[gid, j] = env
-    seed = int(self.run.tasks.seeds("train", [self.groups[gid].prompt_id])[0])
+    seed = int(self.run.collector.tasks.seeds("train", [self.groups[gid].prompt_id])[0])
     key = jax.random.fold_in(jax.random.fold_in(self.key, gid), j)
     return Episode(env, seed, key, (gid, j))
 
@@ -138,9 +138,9 @@ class HostStream:
     gid, j = tag
     env = self.env_of.pop(tag)
     timed_out = int(rollout.status_B[0]) == _TIMEOUT
-    self.envs.append(self.run.tasks.replace(env) if timed_out else env)
+    self.envs.append(self.run.collector.tasks.replace(env) if timed_out else env)
     group = self.groups[gid]
-    group.rollouts[j] = self.run.with_outcome(rollout)
+    group.rollouts[j] = self.run.collector.with_outcome(rollout)
     if len(group.rollouts) == self.rl.group_size:
       self.queue = shift.finish(self.queue, [gid])
       self._collect()

@@ -28,7 +28,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from agentic_rl.invariants.groups import distinct_per_group, flatten_groups, group_sum
+from agentic_rl.invariants.segments import distinct_per_group, flatten_groups, group_sum
 
 PAD_HASH = -1
 

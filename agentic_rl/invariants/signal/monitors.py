@@ -2,7 +2,7 @@
 
 All functions are jittable array math (``num_groups`` static). Groups use the
 uniform ``[P, G]`` or ragged ``[B]`` + ``group_B`` layout of
-``agentic_rl.invariants.groups``.
+``agentic_rl.invariants.segments``.
 
 A group is *zero-variance* when its binary outcomes are all equal (all success
 or all failure, or a single rollout): a group-relative advantage is then zero
@@ -14,7 +14,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from agentic_rl.invariants.groups import flatten_groups, group_sum
+from agentic_rl.invariants.segments import flatten_groups, group_sum
 
 
 def group_outcome_counts(success: jax.Array, group_B: jax.Array | None = None,

@@ -1,4 +1,5 @@
-"""Group bookkeeping shared by the signal and exploration monitors.
+"""Per-group reductions of the signal and exploration monitors (sums, distinct
+rows), over a batch in either group layout.
 
 A batch holds B rollouts; the rollouts of one prompt form a group. Two layouts
 are accepted everywhere a monitor needs groups:
