@@ -22,7 +22,8 @@ GROUP_ESTIMATORS = {
 
 def test_registry_lists_every_estimator():
   assert set(ADVANTAGE_ESTIMATORS) == {
-      "grpo", "dr_grpo", "rloo", "kimi", "remax", "reinforce_pp", "rebn", "pass_at_k"}
+      "grpo", "dr_grpo", "rloo", "kimi", "remax", "reinforce_pp", "rebn", "gigpo",
+      "pass_at_k"}
   with pytest.raises(ValueError, match="unknown advantage estimator 'gae'.*grpo.*rloo"):
     get_advantage_fn("gae")
 
@@ -99,6 +100,73 @@ def test_rebn_hand_example():
 def test_rebn_uniform_batch_gives_zero():
   adv = get_advantage_fn("rebn")(jnp.zeros((3, 4)), jnp.ones((3, 4)))
   np.testing.assert_array_equal(adv, jnp.zeros((3, 4)))
+
+
+def test_gigpo_hand_example():
+  # One group of four two-turn episodes, gamma 0.95, population std (ddof 0).
+  # Returns R = (1, 0, 1, 0): A^E = (1, -1, 1, -1). Turn 0 starts from the
+  # prompt (state 0) for all: G_0 = (0.95, 0, 1, 0), mean 0.4875, std
+  # 0.48784, A^S_0 = (0.9481, -0.9993, 1.0506, -0.9993). Turn 1: episodes 0,
+  # 2 and 3 saw observation 1, G_1 = (1, 0, 0), mean 1/3, std 0.4714,
+  # A^S = (1.4142, -0.7071, -0.7071); episode 1's observation 2 is its own
+  # step group: 0.
+  rewards = jnp.array([[0.0, 1.0], [0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
+  states = jnp.array([[0, 1], [0, 2], [0, 1], [0, 1]])
+  adv = get_advantage_fn("gigpo")(rewards, jnp.ones((4, 2), bool), states, jnp.zeros(4, int),
+                                  ddof=0)
+  g0 = np.array([0.95, 0.0, 1.0, 0.0])
+  a0 = (g0 - g0.mean()) / (g0.std() + 1e-6)
+  a1 = np.array([2 / 3, -1 / 3, -1 / 3]) / (np.sqrt(2 / 9) + 1e-6)
+  np.testing.assert_allclose(adv, [[1 + a0[0], 1 + a1[0]], [-1 + a0[1], -1.0],
+                                   [1 + a0[2], 1 + a1[1]], [-1 + a0[3], -1 + a1[2]]], rtol=1e-5)
+  # Without normalisation: plain deviations from the group means.
+  raw = get_advantage_fn("gigpo")(rewards, jnp.ones((4, 2), bool), states, jnp.zeros(4, int),
+                                  normalise=False, step_weight=0.5)
+  np.testing.assert_allclose(raw[:, 0], np.array([0.5, -0.5, 0.5, -0.5]) + 0.5 * (g0 - g0.mean()),
+                             rtol=1e-5)
+  np.testing.assert_allclose(raw[1, 1], -0.5)
+
+
+def test_gigpo_groups_do_not_mix_and_padding_is_left_out():
+  # Two groups with the same state ids: each is normalised on its own; a
+  # padded turn and an episode with no valid turn count nowhere.
+  rewards = jnp.array([[1.0, 9.0], [0.0, 9.0], [1.0, 0.0], [5.0, 5.0], [1.0, 0.0]])
+  mask = jnp.array([[1, 0], [1, 0], [1, 1], [0, 0], [1, 1]], bool)
+  states = jnp.array([[0, 1], [0, 1], [0, 1], [0, 1], [0, 2]])
+  group = jnp.array([0, 0, 1, 1, 1])
+  adv = np.asarray(get_advantage_fn("gigpo")(rewards, mask, states, group))
+  np.testing.assert_array_equal(adv[:, 1][[0, 1, 3]], 0.0)
+  np.testing.assert_array_equal(adv[3], 0.0)
+  # Group 1's two live episodes have equal returns and each turn 1 its own
+  # state: all zero. Group 0: deviations +-0.5 at both levels over the
+  # sample std sqrt(0.5).
+  np.testing.assert_array_equal(adv[[2, 4]], 0.0)
+  np.testing.assert_allclose(adv[:2, 0], np.array([1.0, -1.0]) / (np.sqrt(0.5) + 1e-6),
+                             rtol=1e-5)
+
+
+@hypothesis.settings(max_examples=20, deadline=None)
+@hypothesis.given(seed=st.integers(0, 2**31 - 1), w=st.sampled_from([0.0, 0.5, 1.0]))
+def test_gigpo_on_single_turn_episodes_is_a_multiple_of_grpo(seed, w):
+  rewards_PxG = np.random.default_rng(seed).integers(0, 3, size=(3, 4)).astype(np.float32)
+  adv = get_advantage_fn("gigpo")(rewards_PxG.reshape(12, 1), jnp.ones((12, 1), bool),
+                                  jnp.zeros((12, 1), int), jnp.repeat(jnp.arange(3), 4),
+                                  step_weight=w)
+  np.testing.assert_allclose(np.asarray(adv).reshape(3, 4),
+                             (1 + w) * np.asarray(get_advantage_fn("grpo")(rewards_PxG)),
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_gigpo_jit_matches_eager_and_refuses_bad_input():
+  rng = np.random.default_rng(0)
+  args = (rng.random((6, 3)).astype(np.float32), rng.random((6, 3)) > 0.2,
+          rng.integers(0, 2, (6, 3)), np.repeat(np.arange(2), 3))
+  fn = functools.partial(get_advantage_fn("gigpo"), gamma=0.9)
+  np.testing.assert_allclose(jax.jit(fn)(*args), fn(*args), rtol=1e-6)
+  with pytest.raises(ValueError, match="one shape"):
+    fn(args[0], args[1], args[2][:, :2], args[3])
+  with pytest.raises(ValueError, match="step_weight"):
+    fn(*args, step_weight=-1.0)
 
 
 def test_broadcast_turn_advantages():

@@ -17,6 +17,7 @@ from agentic_rl import objectives
 from agentic_rl.train import config as config_lib
 from agentic_rl.train import loop, stages
 from agentic_rl.train import metrics as metrics_lib
+from agentic_rl.rollout.engine import RolloutEngine
 from agentic_rl.train import run as run_lib
 from experiments.configs import default
 from loss_masks import longest_action
@@ -226,17 +227,20 @@ def test_misspelt_override_lists_valid_keys():
     default.get_config("tiny,bogus")
 
 
-def test_rebn_runs_end_to_end(tmp_path, monkeypatch):
-  # Token-level advantages [B, T] through the sharded, micro-batched step.
+@pytest.mark.parametrize("advantage", ["rebn", "gigpo"])
+def test_turn_estimators_run_end_to_end(tmp_path, monkeypatch, advantage):
+  # Token-level advantages [B, T] through the sharded, micro-batched step;
+  # GiGPO also gets each turn's anchor state and each episode's group.
   cfg = default.get_config("all,tiny")
   cfg.stages = ("rl",)
-  cfg.rl.update(iterations=1, advantage="rebn")
+  cfg.rl.update(iterations=1, advantage=advantage)
   cfg.micro_batches = 2
   cfg.eval.every = 100
-  made, original = [], objectives.turn_advantages
+  made, inputs, original = [], [], objectives.turn_advantages
 
   def spy(*args, **kwargs):
     made.append(original(*args, **kwargs))
+    inputs.append(kwargs)
     return made[-1]
 
   monkeypatch.setattr(objectives, "turn_advantages", spy)
@@ -246,6 +250,15 @@ def test_rebn_runs_end_to_end(tmp_path, monkeypatch):
   assert np.isfinite(record["learner/loss"]) and np.isfinite(record["signal/adv_std"])
   rows = cfg.rl.prompts_per_step * cfg.rl.group_size
   assert [a.shape for a in made] == [(rows, cfg.sampling.max_total_tokens)]
+  if advantage == "gigpo":
+    [kw] = inputs
+    G = cfg.rl.group_size
+    np.testing.assert_array_equal(kw["group_B"], np.repeat(np.arange(rows // G), G))
+    states = kw["state_BxN"].reshape(rows // G, G, -1)
+    assert (states[:, :, 0] == states[:, :1, 0]).all()  # a group's turns 0 share the prompt
+    assert len(np.unique(states[:, 0, 0])) == rows // G
+  else:
+    assert "state_BxN" not in inputs[0]
 
 
 def test_rollout_budget_ends_the_stage_at_equal_sampling_cost(tmp_path):
@@ -309,18 +322,18 @@ def test_evaluation_decodes_greedily_and_samples_with_one_compiled_engine():
   run = run_lib.build(cfg)
   params = model_lib.init_params(run.model_config, jax.random.key(0))
   out = run_lib.evaluate(run, params, jax.random.key(1))
-  assert len(run.engines) == 1, list(run.engines)
+  assert len(run.collector.engines) == 1, list(run.collector.engines)
   assert {"eval/success", "eval/pass_at_k", "eval/pass_at_1"} <= set(out)
   sampling = config_lib.sampling_config(run.cfg, greedy=True)
   ids = np.arange(cfg.eval.num_prompts)
   shared = run.rollout(params, sampling, "test", ids, jax.random.key(1), 0, cfg.eval.batch_rows)
   inst = run.tasks.instances("test", ids)
   prompts, lens = run.tasks.prompts(inst)
-  own = run_lib.RolloutEngine(run.model_config, sampling, run.codec.ids, env=run.env,
+  own = RolloutEngine(run.model_config, sampling, run.codec.ids, env=run.collector.env,
                               batch_size=cfg.eval.batch_rows).rollout(
                                   params, prompts, lens, inst, jax.random.key(2), 0)
   np.testing.assert_array_equal(shared.tokens_BxT, own.tokens_BxT)
-  assert len(run.engines) == 1
+  assert len(run.collector.engines) == 1
 
 
 def test_evaluation_reports_greedy_and_sampled_success_per_family(monkeypatch):

@@ -31,7 +31,8 @@ from agentic_rl.objectives.config import (
     validate_optimizer_config,
 )
 from agentic_rl.objectives import distill, toggle
-from agentic_rl.objectives.groups import GroupLayout, group_advantages, turn_advantages
+from agentic_rl.objectives.groups import (GroupLayout, group_advantages, turn_advantages,
+                                         turn_states)
 from agentic_rl.objectives.corrections import CORRECTIONS, IS_LEVELS, get_correction
 from agentic_rl.objectives.losses import (
     KL_ESTIMATORS,
@@ -82,6 +83,7 @@ __all__ = [
     "required_inputs",
     "reset_optimizer_state",
     "turn_advantages",
+    "turn_states",
     "validate_objective_config",
     "validate_optimizer_config",
 ]

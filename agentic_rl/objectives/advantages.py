@@ -3,7 +3,9 @@
 Group estimators take rewards ``[P, G]`` (P prompts, G samples each) and return
 advantages ``[P, G]`` in float32, one per sampled response; the loss broadcasts
 them over the response's tokens. ``remax`` also takes the greedy rewards
-``[P]``; ``rebn`` works on per-turn rewards ``[B, N]`` of multi-turn episodes.
+``[P]``; ``rebn`` and ``gigpo`` work on per-turn rewards ``[B, N]`` of
+multi-turn episodes (``gigpo`` also on each turn's starting observation and
+each episode's group).
 Every estimator is a pure function of its inputs; hyper-parameters are Python
 keywords (static under ``jit``).
 
@@ -242,12 +244,101 @@ def rebn(turn_rewards_BxN: jax.Array, turn_mask_BxN: jax.Array, *, gamma: float 
   valid = jnp.asarray(turn_mask_BxN) != 0
   rewards = jnp.where(valid, turn_rewards_BxN.astype(jnp.float32), 0.0)
 
+  return _normalise(_discounted_returns(rewards, gamma), valid, ddof, eps)
+
+
+def _discounted_returns(rewards_BxN: jax.Array, gamma: float) -> jax.Array:
+  """``G_t = sum_{k >= t} gamma^(k - t) r_k`` along each row."""
   def discount(later_return_B, reward_B):
     ret_B = reward_B + gamma * later_return_B
     return ret_B, ret_B
 
-  _, returns_NxB = jax.lax.scan(discount, jnp.zeros(rewards.shape[0]), rewards.T, reverse=True)
-  return _normalise(returns_NxB.T, valid, ddof, eps)
+  _, returns_NxB = jax.lax.scan(discount, jnp.zeros(rewards_BxN.shape[0]), rewards_BxN.T,
+                                reverse=True)
+  return returns_NxB.T
+
+
+def _within(values_K: jax.Array, same_KxK: jax.Array, normalise: bool, ddof: int,
+            eps: float) -> jax.Array:
+  """Each entry's deviation from the mean of the entries ``same_KxK`` puts
+  with it (its row), divided by their std (``+ eps``) when ``normalise``;
+  exactly 0 where those entries are all equal (one entry included)."""
+  same = same_KxK.astype(jnp.float32)
+  count_K = same.sum(axis=1)
+  mean_K = same @ values_K / jnp.maximum(count_K, 1.0)
+  dev_K = values_K - mean_K
+  sq_dev_K = (same * jnp.square(values_K[None, :] - mean_K[:, None])).sum(axis=1)
+  var_K = sq_dev_K / jnp.maximum(count_K - ddof, 1.0)
+  hi_K = jnp.where(same_KxK, values_K[None, :], -jnp.inf).max(axis=1)
+  lo_K = jnp.where(same_KxK, values_K[None, :], jnp.inf).min(axis=1)
+  scale_K = jnp.sqrt(var_K) + eps if normalise else 1.0
+  return jnp.where(hi_K > lo_K, dev_K / scale_K, 0.0)
+
+
+@_register("gigpo")
+def gigpo(turn_rewards_BxN: jax.Array, turn_mask_BxN: jax.Array, state_BxN: jax.Array,
+          group_B: jax.Array, *, gamma: float = 0.95, step_weight: float = 1.0,
+          normalise: bool = True, ddof: int = 1, eps: float = 1e-6) -> jax.Array:
+  """Group-in-group advantages (GiGPO; Feng et al., arXiv 2505.10978, §4).
+
+  Two levels of groups over a batch of multi-turn episodes:
+
+  * episode groups, the rollouts of one prompt (``group_B``): with the
+    episode's return ``R = sum_t r_t``,
+    ``A^E = (R - mean_g R) / (std_g R + eps)``;
+  * step groups, every turn of an episode group that starts from the same
+    observation (``state_BxN``, the anchor state): with the discounted return
+    ``G_t = sum_{k >= t} gamma^(k - t) r_k``,
+    ``A^S = (G_t - mean_s G) / (std_s G + eps)``.
+
+  Each turn's advantage is ``A^E + step_weight * A^S``; without
+  ``normalise`` the deviations are not divided by the std (the paper's
+  ``F_norm = 1``); ``std`` is the sample std (``ddof=1``) as GRPO's. A group
+  (or step group) whose values are all equal, one member included,
+  contributes exactly 0. With one turn per episode every step group is its
+  episode group and ``G_0 = R``: GiGPO is ``(1 + step_weight)`` times GRPO.
+
+  Args:
+    turn_rewards_BxN: float ``[B, N]`` each turn's reward (N = max turns).
+    turn_mask_BxN: bool ``[B, N]``, the real turns (an episode left out of
+      the batch has none).
+    state_BxN: int ``[B, N]`` an id of the observation each turn starts
+      from (:func:`agentic_rl.objectives.turn_states`); equal ids within an
+      episode group are one anchor state.
+    group_B: int ``[B]`` the episode group of each row.
+
+  Returns:
+    float32 ``[B, N]``, 0 on padding turns; map it to tokens with
+    :func:`broadcast_turn_advantages`.
+  """
+  _check_ddof_eps("gigpo", ddof, eps)
+  if not 0.0 <= gamma <= 1.0:
+    raise ValueError(f"gigpo: gamma must be in [0, 1], got {gamma}")
+  if not isinstance(step_weight, numbers.Real) or step_weight < 0:
+    raise ValueError(f"gigpo: step_weight must be a number >= 0, got {step_weight!r}")
+  rewards = jnp.asarray(turn_rewards_BxN)
+  B, N = rewards.shape if rewards.ndim == 2 else (None, None)
+  if (rewards.ndim != 2 or jnp.shape(turn_mask_BxN) != rewards.shape
+      or jnp.shape(state_BxN) != rewards.shape or jnp.shape(group_B) != (B,)):
+    raise ValueError(
+        f"gigpo needs turn rewards, a turn mask and turn states of one shape [episodes, "
+        f"turns] and a group per episode, got {rewards.shape}, {jnp.shape(turn_mask_BxN)}, "
+        f"{jnp.shape(state_BxN)} and {jnp.shape(group_B)}")
+  valid_BxN = jnp.asarray(turn_mask_BxN) != 0
+  rewards = jnp.where(valid_BxN, rewards.astype(jnp.float32), 0.0)
+  group_B = jnp.asarray(group_B)
+  live_B = valid_BxN.any(axis=1)
+  same_group_BxB = (group_B[:, None] == group_B[None, :]) & live_B[:, None] & live_B[None, :]
+  episode_B = _within(rewards.sum(axis=1), same_group_BxB, normalise, ddof, eps)
+  group_K = jnp.repeat(group_B, N)
+  state_K = jnp.asarray(state_BxN).reshape(-1)
+  valid_K = valid_BxN.reshape(-1)
+  same_step_KxK = ((group_K[:, None] == group_K[None, :]) & (state_K[:, None] == state_K[None, :])
+                   & valid_K[:, None] & valid_K[None, :])
+  step_K = _within(_discounted_returns(rewards, gamma).reshape(-1), same_step_KxK, normalise,
+                   ddof, eps)
+  adv_BxN = episode_B[:, None] + step_weight * step_K.reshape(B, N)
+  return jnp.where(valid_BxN, adv_BxN, 0.0)
 
 
 def broadcast_turn_advantages(turn_adv_BxN: jax.Array, turn_index_BxT: jax.Array) -> jax.Array:

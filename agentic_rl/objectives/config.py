@@ -94,15 +94,16 @@ def hyperparameter_defaults() -> dict[str, dict[str, dict[str, Any]]]:
 
 
 # The inputs an objective may need beyond rewards, current and old log-probs.
-INPUTS = ("greedy_rewards_P", "turn_rewards", "all_rewards_PxN", "behaviour_logp_BxT",
-          "ref_logp_BxT", "entropy_BxT")
+INPUTS = ("greedy_rewards_P", "turn_rewards", "turn_states", "all_rewards_PxN",
+          "behaviour_logp_BxT", "ref_logp_BxT", "entropy_BxT")
 
 
 def required_inputs(config: ObjectiveConfig, *, global_stats: bool = False) -> frozenset[str]:
   """Which of :data:`INPUTS` the configured estimator and loss need.
 
   ``greedy_rewards_P``: ReMax's greedy-decode baselines; ``turn_rewards``:
-  REBN's per-turn rewards; ``all_rewards_PxN``: the rewards of every rollout
+  per-turn rewards (REBN, GiGPO); ``turn_states``: each turn's anchor state
+  and each episode's group (GiGPO); ``all_rewards_PxN``: the rewards of every rollout
   generated for a prompt (``global_stats``, Reinforce-Ada, for the estimators
   in ``GLOBAL_STATS_ESTIMATORS``); ``behaviour_logp_BxT``: the sampler's
   log-probs (a correction); ``ref_logp_BxT``: a frozen reference policy's
@@ -112,8 +113,10 @@ def required_inputs(config: ObjectiveConfig, *, global_stats: bool = False) -> f
   needs = set()
   if config.advantage == "remax":
     needs.add("greedy_rewards_P")
-  if config.advantage == "rebn":
+  if config.advantage in ("rebn", "gigpo"):
     needs.add("turn_rewards")
+  if config.advantage == "gigpo":
+    needs.add("turn_states")
   if global_stats and config.advantage in GLOBAL_STATS_ESTIMATORS:
     needs.add("all_rewards_PxN")
   if config.correction:
@@ -162,7 +165,11 @@ def validate_objective_config(config: ObjectiveConfig, *, group_size: int) -> No
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
   adv_fn = make_advantage_fn(config)
   needs = required_inputs(config)
-  if "turn_rewards" in needs:
+  if "turn_states" in needs:
+    i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
+    jax.eval_shape(adv_fn, f32(2, 3), jax.ShapeDtypeStruct((2, 3), jnp.bool_), i32(2, 3),
+                   i32(2))
+  elif "turn_rewards" in needs:
     jax.eval_shape(adv_fn, f32(2, 3), jax.ShapeDtypeStruct((2, 3), jnp.bool_))
   elif "greedy_rewards_P" in needs:
     jax.eval_shape(adv_fn, f32(2, group_size), f32(2))

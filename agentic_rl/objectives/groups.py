@@ -76,16 +76,43 @@ def group_advantages(adv_fn: Callable, rewards_B: np.ndarray, layout: GroupLayou
       for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])) if b > a])
 
 
+def turn_states(tokens_BxT, turn_BxT, loss_mask_BxT, length_B, num_turns_B, group_B,
+                max_turns: int) -> np.ndarray:
+  """int32 ``[B, max_turns]``: an id of the observation each turn starts
+  from, equal for two turns of one group exactly when their observations'
+  tokens are (GiGPO's anchor states); row b has ``num_turns_B[b]`` turns.
+
+  Turn ``k`` (action segment ``k + 1``) starts from the tokens of segment
+  ``k`` that the policy did not write: the prompt for turn 0, else the
+  observation that answered action ``k``. Ids are numbered in order of
+  first appearance, so a batch's ids are reproducible; turns past an
+  episode's last get -1.
+  """
+  tokens_BxT, turn_BxT = np.asarray(tokens_BxT), np.asarray(turn_BxT)
+  observed_BxT = np.asarray(loss_mask_BxT) == 0
+  observed_BxT &= np.arange(tokens_BxT.shape[1])[None, :] < np.asarray(length_B)[:, None]
+  ids: dict[tuple[int, bytes], int] = {}
+  state_BxN = np.full((tokens_BxT.shape[0], max_turns), -1, np.int32)
+  for b, (g, n) in enumerate(zip(np.asarray(group_B), np.asarray(num_turns_B))):
+    for k in range(min(int(n), max_turns)):
+      seen = tokens_BxT[b][observed_BxT[b] & (turn_BxT[b] == k)]
+      state_BxN[b, k] = ids.setdefault((int(g), seen.tobytes()), len(ids))
+  return state_BxN
+
+
 def turn_advantages(adv_fn: Callable, turn_rewards_BxC: np.ndarray, num_turns_B: np.ndarray,
                     turn_BxT: np.ndarray, *, episode_bonus_B: np.ndarray | None = None,
+                    valid_B: np.ndarray | None = None, **turn_inputs: np.ndarray,
                     ) -> np.ndarray:
   """float32 ``[B, T]`` turn-level advantages on the tokens of each turn.
 
-  ``adv_fn(turn_rewards_BxC, turn_mask_BxC)`` is a turn estimator (REBN).
-  Turns ``0 .. num_turns - 1`` are valid; ``episode_bonus_B`` (episode-level
-  shaping, e.g. an over-long penalty) goes to each episode's last turn, so
-  the turns still sum to the shaped episode reward. Tokens of action segment
-  k (``turn_BxT == k``, k >= 1) get turn ``k - 1``'s advantage, others 0.
+  ``adv_fn(turn_rewards_BxC, turn_mask_BxC, **turn_inputs)`` is a turn
+  estimator (REBN; GiGPO, with ``state_BxN`` and ``group_B``). Turns
+  ``0 .. num_turns - 1`` of the ``valid_B`` rows (default: all) are real;
+  ``episode_bonus_B`` (episode-level shaping, e.g. an over-long penalty)
+  goes to each episode's last turn, so the turns still sum to the shaped
+  episode reward. Tokens of action segment k (``turn_BxT == k``, k >= 1)
+  get turn ``k - 1``'s advantage, others 0.
   """
   turn_rewards = np.array(turn_rewards_BxC, np.float32)
   B, C = turn_rewards.shape
@@ -93,5 +120,8 @@ def turn_advantages(adv_fn: Callable, turn_rewards_BxC: np.ndarray, num_turns_B:
   if episode_bonus_B is not None:
     turn_rewards[np.arange(B), np.clip(num_turns - 1, 0, C - 1)] += episode_bonus_B
   turn_mask = np.arange(C)[None, :] < num_turns[:, None]
-  adv_BxC = adv_fn(jnp.asarray(turn_rewards), jnp.asarray(turn_mask))
+  if valid_B is not None:
+    turn_mask &= np.asarray(valid_B, bool)[:, None]
+  adv_BxC = adv_fn(jnp.asarray(turn_rewards), jnp.asarray(turn_mask),
+                   **{k: jnp.asarray(v) for k, v in turn_inputs.items()})
   return np.asarray(broadcast_turn_advantages(adv_BxC, jnp.asarray(turn_BxT) - 1))

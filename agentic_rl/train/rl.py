@@ -350,9 +350,16 @@ def compute_advantages(rl: RLStage, collected: Collected, shaped: Shaped) -> np.
   adv_fn = objectives.make_advantage_fn(rl.objective)
   batch, valid = collected.batch, shaped.valid_B
   if "turn_rewards" in rl.needs:
+    turn_inputs = {}
+    if "turn_states" in rl.needs:  # GiGPO's anchor states
+      C = np.shape(batch.turn_rewards_BxC)[1]
+      turn_inputs = {"group_B": collected.layout.group_B, "state_BxN": objectives.turn_states(
+          batch.tokens_BxT, batch.turn_BxT, batch.loss_mask_BxT, batch.length_B,
+          batch.num_turns_B, collected.layout.group_B, C)}
     return objectives.turn_advantages(
         adv_fn, batch.turn_rewards_BxC, batch.num_turns_B, batch.turn_BxT,
-        episode_bonus_B=shaped.rewards_B - np.asarray(batch.reward_B)) * valid[:, None]
+        episode_bonus_B=shaped.rewards_B - np.asarray(batch.reward_B), valid_B=valid,
+        **turn_inputs) * valid[:, None]
   if valid.all():
     return objectives.group_advantages(adv_fn, shaped.rewards_B, collected.layout,
                                        **shaped.per_group)
