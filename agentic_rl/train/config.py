@@ -376,10 +376,10 @@ def _validate_reward_hooks(cfg) -> None:
   j = h.judge
   if not j.weight:
     return
-  if not checkpoint_lib.is_run_dir(j.run):
-    _err(f"config.reward_hooks.judge.run={j.run!r} is not a run directory of this project "
-         "(WORKDIR with checkpoints/ and config.json); train one with experiments.train or "
-         "set config.reward_hooks.judge.weight=0")
+  if not checkpoint_lib.is_run_dir(j.checkpoint):
+    _check_checkpoint(f"config.reward_hooks.judge.checkpoint={j.checkpoint!r}", j.checkpoint,
+                      "a run directory of this project (WORKDIR with checkpoints/ and "
+                      "config.json), ")
   _check_positive("config.reward_hooks.judge.samples", j.samples)
   if j.aggregate not in reward_hooks.AGGREGATES:
     _err(f"config.reward_hooks.judge.aggregate is {j.aggregate!r}; valid: "
@@ -478,24 +478,30 @@ def _validate_context(cfg) -> None:
            "estimator of whole episodes (grpo, rloo, ...) or keep context.policy='none'")
 
 
-def _validate_init_from(cfg, path: str) -> None:
-  """``config.model.init_from``: a local checkpoint (a Hugging Face
-  directory or a GGUF file) with its own tokenizer,
-  which only host environments can use."""
-  where = f"config.model.init_from={path!r}"
+def _check_checkpoint(where: str, path: str, also: str = "") -> None:
+  """``path`` is a local checkpoint (a Hugging Face directory or a GGUF
+  file) whose tokenizer loads; ``also`` names what else ``where`` takes."""
   if pretrained.is_gguf(path) and not os.path.isfile(path):
     _err(f"{where}: no such GGUF file (python -m experiments.get_model fetches one)")
   if not pretrained.is_gguf(path) and not os.path.isdir(path):
-    _err(f"{where} is not a directory: give a local Hugging Face checkpoint (config.json, "
-         "*.safetensors, tokenizer files) or a .gguf file; nothing is downloaded")
-  if cfg.tasks.source != "host":
-    _err(f"{where}: a checkpoint's own tokenizer lacks the reserved single-id tokens the "
-         "built-in jitted task families read, so a pretrained policy trains on host "
-         "environments: set --config.tasks.source=host and --config.tasks.host_env")
+    _err(f"{where} is not a directory: give {also}a local Hugging Face checkpoint "
+         "(config.json, *.safetensors, tokenizer files) or a .gguf file; nothing is "
+         "downloaded")
   try:
     load_codec(path)
   except (ValueError, OSError) as e:
     _err(f"{where}: its tokenizer cannot be loaded: {e}")
+
+
+def _validate_init_from(cfg, path: str) -> None:
+  """``config.model.init_from``: a local checkpoint with its own tokenizer,
+  which only host environments can use."""
+  where = f"config.model.init_from={path!r}"
+  if cfg.tasks.source != "host":
+    _err(f"{where}: a checkpoint's own tokenizer lacks the reserved single-id tokens the "
+         "built-in jitted task families read, so a pretrained policy trains on host "
+         "environments: set --config.tasks.source=host and --config.tasks.host_env")
+  _check_checkpoint(where, path)
 
 
 def validate(cfg) -> Settings:

@@ -188,8 +188,12 @@ class ParlSettings:
 
 @dataclasses.dataclass(frozen=True)
 class JudgeSettings:
+  """The judge: ``checkpoint`` is a run directory of this project, a
+  Hugging Face model directory or a ``.gguf`` file; it reads each episode
+  through its own tokenizer and chat template."""
+
   weight: float = 0.0
-  run: str = ""
+  checkpoint: str = ""
   samples: int = 1
   aggregate: str = "mean"
   rubric: str = "\nDid the assistant answer the question correctly? Answer yes or no: "
