@@ -22,6 +22,7 @@ def _positive(x) -> bool:
   return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
 
+@pytest.mark.slow  # a whole benchmark run
 def test_tiny_run_has_every_figure(tmp_path):
   _tiny_llama(tmp_path)
   from experiments import bench_real  # pylint: disable=import-outside-toplevel

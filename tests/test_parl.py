@@ -252,6 +252,7 @@ def _orchestrator_cfg(sub_agent_dir, **parl_values):
   return cfg
 
 
+@pytest.mark.slow  # trains two sub-agents first; the swarm's pieces are tested alone above
 def test_orchestrator_with_two_frozen_sub_agents_trains(sub_agent_dir, tmp_path):
   cfg = _orchestrator_cfg(sub_agent_dir, max_width=3, charge="total", parallel_bonus=0.3,
                           finish_bonus=0.2, anneal_iterations=2)

@@ -71,6 +71,7 @@ def test_trainer_on_simulated_devices_matches_one_device(devices, layouts, one_d
     _assert_same_metrics(workdir, one_device)
 
 
+@pytest.mark.slow  # resume is bit-exact on one device in the default run
 def test_a_run_resumed_inside_rl_on_two_devices_matches_one_device(one_device, tmp_path):
   """Stopped in the RL stage and resumed from its checkpoint on a mesh: the
   restored state (the PRNG key, the stale actor's parameters) runs beside the

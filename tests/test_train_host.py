@@ -7,9 +7,11 @@ import os
 import threading
 import time
 
+import jax
 import numpy as np
 import pytest
 
+from agentic_rl import model as model_lib
 from agentic_rl.envs import text_games
 from agentic_rl.train import config as config_lib
 from agentic_rl.train import loop
@@ -249,10 +251,10 @@ def test_each_thread_plays_on_its_own_host_loop():
   in its own: they never share a loop or its environments."""
   run = run_lib.build(_host_cfg())
   sampling = config_lib.sampling_config(run.cfg)
-  loop_here, envs_here = run.host_loop(sampling, 2)
-  assert run.host_loop(sampling, 2)[0] is loop_here
+  loop_here, envs_here = run.collector.host_loop(sampling, 2)
+  assert run.collector.host_loop(sampling, 2)[0] is loop_here
   there = []
-  thread = threading.Thread(target=lambda: there.extend(run.host_loop(sampling, 2)))
+  thread = threading.Thread(target=lambda: there.extend(run.collector.host_loop(sampling, 2)))
   thread.start()
   thread.join()
   assert there[0] is not loop_here and not {id(e) for e in there[1]} & {id(e) for e in envs_here}
@@ -379,3 +381,34 @@ def test_demo_noise_makes_mistakes_in_host_demonstrations(tmp_path, monkeypatch)
   assert clean and noisy.keys() == clean.keys()
   assert all(original(text_games.GuessNumber(), s) == a for s, a in clean.items())
   assert sum(noisy[s] != clean[s] for s in clean) > len(clean) // 4
+
+
+def test_the_calculator_answers_expressions_and_its_demonstrations_win():
+  assert text_games.evaluate("12 * (3 - 40)") == -444
+  for bad in ("2 ** 8", "7 / 2", "__import__('os')", "1 +"):
+    with pytest.raises(ValueError, match="not an"):
+      text_games.evaluate(bad)
+  env = text_games.Calculator(digits=2, ops="*", max_turns=2)
+  question = env.reset(5)
+  a, b = (int(v) for v in question.split("?")[0].split()[-3::2])
+  assert env.call_tool("calculator", {"expression": "2 ** 8"})[0].startswith("error: not an")
+  assert env.step("I think it is 12.") == ("Call the calculator or answer <answer>n</answer>.",
+                                           0.0, True)  # the second action: out of turns
+  env.reset(5)
+  assert env.step(f"<answer>{a * b}</answer>") == ("Correct.", 1.0, True)
+  # Played through the host loop in the codec's tool-call format: one call,
+  # then the right answer, on every demonstration seed.
+  cfg = default.get_config("all,tiny,calculator")
+  cfg.sampling.max_new_tokens_per_turn = 96
+  run = run_lib.build(cfg)
+  collector = run.collector
+  seeds = np.arange(4)
+  scripts = [list(run.tasks.make().demonstration(int(s)))
+             for s in run.tasks.seeds("demo", seeds)]
+  params = model_lib.init_params(run.model_config, jax.random.key(0))
+  ro = collector.rows(params, config_lib.sampling_config(run.cfg, greedy=True), "demo", seeds,
+                      jax.random.key(0), 0, temperature=None, weights=None, restart=False,
+                      group_size=1,
+                      actor=lambda b, obs: scripts[b].pop(0))
+  np.testing.assert_array_equal(ro.reward_components["outcome"], 1.0)
+  np.testing.assert_array_equal(ro.num_tool_calls_B, 1)

@@ -19,6 +19,7 @@ from agentic_rl.envs.gem import GemEnv
 
 BUILTIN: dict[str, Callable[..., Any]] = {"guess_number": text_games.GuessNumber,
                                            "ledger": text_games.Ledger,
+                                           "calculator": text_games.Calculator,
                                            "parallel_hops": swarm.ParallelHops}
 
 

@@ -1,5 +1,5 @@
-"""A small Python ("host") environment speaking the text protocol, with
-demonstrations: the built-in example of training your own environment.
+"""Small Python ("host") environments speaking the text protocol, with
+demonstrations: the built-in examples of training your own environment.
 
 Protocol (``agentic_rl.rollout.TextEnv``): ``reset(seed) -> observation``,
 ``step(action) -> (observation, reward, done)``; optionally
@@ -11,6 +11,9 @@ Protocol (``agentic_rl.rollout.TextEnv``): ``reset(seed) -> observation``,
 
 from __future__ import annotations
 
+import ast
+import json
+import operator
 import re
 
 import numpy as np
@@ -137,3 +140,83 @@ class Ledger:
     """The running total after the entries the observations showed."""
     shown = [int(v) for obs in observations for v in re.findall(r"entry \d+ is (\d+)", obs)]
     return f"running total {sum(shown) % 10}"
+
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+CALCULATOR = {"name": "calculator",
+              "description": "Evaluates an arithmetic expression of integers with + - * and "
+                             "parentheses.",
+              "parameters": {"type": "object",
+                             "properties": {"expression": {"type": "string"}},
+                             "required": ["expression"]}}
+
+
+def evaluate(expression: str) -> int:
+  """The value of an integer expression of ``+ - *`` and parentheses;
+  ValueError for anything else (names, division, powers, calls)."""
+  def value(node):
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+      return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+      return -value(node.operand)
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+      return _OPS[type(node.op)](value(node.left), value(node.right))
+    raise ValueError(f"not an integer expression of + - * and parentheses: {expression!r}")
+  try:
+    tree = ast.parse(expression.strip(), mode="eval")
+  except SyntaxError:
+    raise ValueError(f"not an expression: {expression!r}") from None
+  return value(tree.body)
+
+
+class Calculator:
+  """Multi-digit arithmetic with a calculator tool: the task a small model
+  cannot do in its head.
+
+  The question is ``a op b`` (``op`` from ``ops``; ``a``, ``b`` with
+  ``digits`` digits, by the seed). The environment offers one tool,
+  ``calculator(expression)`` (:data:`CALCULATOR`), which answers the
+  expression's value; ``<answer>n</answer>`` ends the episode with reward 1
+  when ``n`` is the value, else 0. An action with neither is told the
+  format; the episode ends after ``max_turns`` actions. The demonstration
+  calls the tool with the question's expression, then answers its result.
+  """
+
+  tools = [CALCULATOR]
+
+  def __init__(self, digits: int = 3, ops: str = "+-*", max_turns: int = 3):
+    if digits < 1 or not ops or set(ops) - set("+-*") or max_turns < 1:
+      raise ValueError(f"need digits >= 1, ops from '+-*' and max_turns >= 1, got {digits}, "
+                       f"{ops!r}, {max_turns}")
+    self.digits, self.ops, self.max_turns = digits, ops, max_turns
+    self.expression, self.answer, self.turns = "", 0, 0
+
+  def reset(self, seed: int) -> str:
+    rng = np.random.default_rng(seed)
+    a, b = (int(v) for v in rng.integers(10 ** (self.digits - 1), 10 ** self.digits, 2))
+    self.expression = f"{a} {self.ops[int(rng.integers(len(self.ops)))]} {b}"
+    self.answer, self.turns = evaluate(self.expression), 0
+    return (f"What is {self.expression}? Use the calculator tool, then give the result as "
+            "<answer>n</answer>.")
+
+  def call_tool(self, name: str, arguments: dict) -> tuple[str, float, bool]:
+    del name  # the only tool
+    self.turns += 1
+    try:
+      result = str(evaluate(str(arguments["expression"])))
+    except ValueError as e:
+      result = f"error: {e}"
+    return result, 0.0, self.turns >= self.max_turns
+
+  def step(self, action: str) -> tuple[str, float, bool]:
+    self.turns += 1
+    if not (found := _ANSWER.findall(action)):
+      return ("Call the calculator or answer <answer>n</answer>.", 0.0,
+              self.turns >= self.max_turns)
+    right = int(found[-1]) == self.answer
+    return ("Correct." if right else "Wrong."), float(right), True
+
+  def demonstration(self, seed: int) -> list[str]:
+    self.reset(seed)
+    call = json.dumps({"name": "calculator", "arguments": {"expression": self.expression}})
+    return [f"<tool_call>\n{call}\n</tool_call>", f"<answer>{self.answer}</answer>"]

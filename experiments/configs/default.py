@@ -64,7 +64,8 @@ SHOWN = {
 # for code to fill).
 SHOWN_NESTED = {"rl.signal": ("allocation",)}
 # The variants that are not a section.
-VARIANTS = ("tiny", "calc", "offpolicy", "ledger", "stagewise", "composed", "gem", "smollm")
+VARIANTS = ("tiny", "calc", "offpolicy", "ledger", "stagewise", "composed", "gem", "smollm",
+            "calculator")
 # Every section "all" fills: the shown ones, the rest, and the optional
 # mechanisms (a stage section of another name is filled when it is a stage).
 SHOWN_ALL = (*SHOWN, "context", "export", "guards", "parl", "reward_hooks", "distill")
@@ -202,6 +203,14 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                 share_prefix=True)
     c.eval.update(every=3, num_prompts=16, pass_k=2, pass_k_prompts=8, batch_rows=16)
     c.checkpoint.every = 3
+  if "calculator" in variants:
+    # Three-digit arithmetic with the calculator tool offered in the chat
+    # template (agentic_rl.envs.text_games.Calculator): with :smollm, the
+    # multi-turn tool task a 135M model cannot do in its head.
+    c.tasks.update(source="host", host_env="calculator", host_kwargs='{"digits": 3}',
+                   max_obs_tokens=32, train_size=4096, test_size=64)
+    c.sampling.update(max_turns=3, max_new_tokens_per_turn=48, max_total_tokens=512)
+    c.sft.demo_noise = 0.0
   if "composed" in variants:
     # A synthesised family (experiments/tasks/composed.json, written by
     # experiments.synthesize): programs over the built-in tools.
