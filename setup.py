@@ -50,6 +50,8 @@ setuptools.setup(
             "ipykernel",
             # The GEM games' tests (agentic_rl/envs/gem.py).
             "gem-llm==0.1.0",
+            # The reasoning-gym adapter's tests (agentic_rl/envs/reasoning.py).
+            "reasoning-gym",
             # GGUF checkpoints (agentic_rl/model/gguf.py); accelerate is what
             # transformers' own GGUF loading, the parity reference, needs.
             "gguf",
@@ -58,6 +60,7 @@ setuptools.setup(
         # GGUF checkpoints (config.model.init_from=FILE.gguf).
         "gguf": ["gguf"],
         "gem": ["gem-llm==0.1.0"],
+        "reasoning": ["reasoning-gym"],
         # The side-by-side benchmark against torch, transformers and TRL
         # (experiments/bench_real.py).
         "bench": ["trl", "transformers", "torch==2.13.0", "accelerate", "gguf"],

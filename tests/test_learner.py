@@ -80,6 +80,42 @@ def test_micro_batches_give_the_full_batch_update(agg):
   assert not np.allclose(jax.tree.leaves(a.params)[0], jax.tree.leaves(params)[0])
 
 
+def test_used_length_rounds_the_last_weighted_position_up_to_a_bucket():
+  def mask(last, T=2048):
+    m = np.zeros((3, T), np.float32)
+    m[1, last - 1] = 1.0
+    return m
+  got = [learner.used_length(mask(n)) for n in (1, 128, 129, 193, 257, 300, 385, 700, 1000)]
+  assert got == [128, 128, 192, 256, 384, 384, 512, 768, 1024]
+  assert learner.used_length(mask(300, T=320)) == 320  # at most T
+  assert learner.used_length(np.zeros((2, 64)), minimum=8) == 8  # nothing weighed
+  assert learner.used_length(mask(5, T=12), minimum=4) == 6
+
+
+@pytest.mark.parametrize("agg", objectives.AGG_MODES)
+def test_a_batch_cut_after_its_last_weighted_token_gives_the_same_update(agg):
+  """What :func:`learner.trim_time` drops changes no loss, gradient or
+  weighted output: the model is causal and the positions weigh nothing."""
+  params = model_lib.init_params(CFG, jax.random.key(0))
+  opt = optax.sgd(1.0)
+  obj = objectives.ObjectiveConfig(loss="ppo", agg=agg, horizon=12)
+  step = jax.jit(learner.make_train_step(learner.rl_loss(CFG, obj), opt))
+  batch = _batch(jax.random.key(2))
+  batch["loss_mask_BxT"] = batch["loss_mask_BxT"].at[:, 7:].set(0.0)
+  length = learner.used_length(batch["loss_mask_BxT"], minimum=4)
+  cut = learner.trim_time(batch, length)
+  assert length == 8 and cut["tokens_BxT"].shape == (8, 8) and cut["advantages"].shape == (8,)
+  (a, ma, oa), (b, mb, ob) = (step(learner.init_train_state(params, opt), x)
+                              for x in (batch, cut))
+  for k in ("learner/loss", "learner/pg_loss", "learner/grad_norm"):
+    np.testing.assert_allclose(ma[k], mb[k], rtol=1e-5, atol=1e-7, err_msg=k)
+  for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+  wide = learner.pad_time(ob["logp_BxT"], 12)
+  np.testing.assert_allclose(wide[:, :length], oa["logp_BxT"][:, :length], atol=1e-5)
+  assert wide.shape == (8, 12) and not wide[:, length:].any()
+
+
 def test_sft_nll_of_micro_batches_is_the_whole_batchs():
   params = model_lib.init_params(CFG, jax.random.key(0))
   opt = optax.sgd(0.1)

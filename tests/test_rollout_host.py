@@ -116,6 +116,29 @@ def test_scripted_actor_and_cache_across_turns(codec, model, loop, monkeypatch):
   assert _max_mismatch(params, config, out) < 1e-5
 
 
+def test_scripted_rows_without_a_model_record_the_same_stream(codec, model, loop, monkeypatch):
+  """params=None (demonstrations): the tokens, masks and rewards of the
+  scripted episodes are those played with the model, which never runs."""
+  config, params = model
+
+  def actor(row, obs):
+    return f"<answer>{int(re.findall(r'[0-9]+', obs)[-1]) - 1}</answer>"
+
+  with_model = loop.run(params, [CountdownEnv(), CountdownEnv()], [1, 2], jax.random.key(1), 3,
+                        actor=actor)
+  monkeypatch.setattr(loop, "_prefill", lambda *a: pytest.fail("prefilled without a model"))
+  without = loop.run(None, [CountdownEnv(), CountdownEnv()], [1, 2], jax.random.key(1), 3,
+                     actor=actor)
+  for name in ("tokens_BxT", "loss_mask_BxT", "turn_BxT", "version_BxT", "reward_B",
+               "length_B", "num_turns_B", "done_B"):
+    np.testing.assert_array_equal(getattr(without, name), getattr(with_model, name), name)
+  mask = np.asarray(without.loss_mask_BxT) > 0
+  np.testing.assert_allclose(np.asarray(without.behaviour_logp_BxT)[mask],
+                             -np.log(config.vocab_size), rtol=1e-6)
+  with pytest.raises(ValueError, match="actor"):
+    loop.run(None, [CountdownEnv(), CountdownEnv()], [1, 2], jax.random.key(1), 3)
+
+
 def test_sampled_policy_stays_consistent(model, loop):
   """A random policy: whatever it writes, the bookkeeping holds."""
   config, params = model

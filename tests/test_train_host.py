@@ -13,7 +13,9 @@ import pytest
 
 from agentic_rl import model as model_lib
 from agentic_rl.envs import text_games
+from agentic_rl.train import checkpoint as checkpoint_lib
 from agentic_rl.train import config as config_lib
+from agentic_rl.train import learner
 from agentic_rl.train import loop
 from agentic_rl.train import metrics as metrics_lib
 from agentic_rl.train import run as run_lib
@@ -55,6 +57,46 @@ def test_sft_then_rl_on_the_built_in_host_environment(tmp_path):
   assert "eval/success" in rl[-1]
   # Actions are hashed, so the behaviour paths of a group can be told apart.
   assert any(r["explore/distinct_tool_seqs"] > 0 for r in rl)
+
+
+def test_eval_at_start_scores_the_initial_parameters(tmp_path):
+  cfg = _host_cfg(stages=("rl",))
+  cfg.rl.iterations = 1
+  cfg.eval.at_start = True
+  summary, _ = _records(cfg, tmp_path / "on")
+  run = run_lib.build(cfg)
+  expected = run_lib.evaluate(run, checkpoint_lib.initial_params(run, checkpoint_lib.params_key(
+      run.cfg)), jax.random.fold_in(jax.random.key(cfg.seed), 0))
+  assert summary["init_success"] == expected["eval/success"]
+  assert summary["init_success_sampled"] == expected["eval/pass_at_1"]
+  # Resumed, the run keeps the first evaluation (its parameters are no longer
+  # the initial ones).
+  cfg.rl.iterations = 2
+  assert loop.train(cfg, str(tmp_path / "on"))["init_success"] == summary["init_success"]
+  cfg.eval.at_start = False
+  assert "init_success" not in loop.train(cfg, str(tmp_path / "off"))
+
+
+def test_the_learner_reads_only_the_positions_its_batches_fill(tmp_path, monkeypatch):
+  """SFT and RL batches stop at their last scored token's bucket, not at
+  max_total_tokens (the episodes here are under 128 tokens)."""
+  widths = []
+  shard = learner.shard_train_step
+
+  def recording(*args, **kwargs):
+    step, state_sharding = shard(*args, **kwargs)
+
+    def recorded(state, batch):
+      widths.append(batch["tokens_BxT"].shape[1])
+      return step(state, batch)
+    return recorded, state_sharding
+
+  monkeypatch.setattr(learner, "shard_train_step", recording)
+  cfg = _host_cfg()
+  cfg.sampling.max_total_tokens = 512
+  summary, records = _records(cfg, tmp_path)
+  assert len(widths) == summary["steps"] and set(widths) == {128}
+  assert all(math.isfinite(r["shift/kl_behaviour_learner"]) for r in records[cfg.sft.steps:])
 
 
 class FlakyGuess(text_games.GuessNumber):

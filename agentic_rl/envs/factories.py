@@ -2,8 +2,10 @@
 ``config.tasks.host_env`` and the callables of ``"MODULE:NAME"`` options.
 
 ``"MODULE:ATTR"`` is any importable callable returning a text environment,
-``"gem:<id>"`` a GEM game through :class:`~agentic_rl.envs.gem.GemEnv`, and
-the built-in names are :data:`BUILTIN`.
+``"gem:<id>"`` a GEM game through :class:`~agentic_rl.envs.gem.GemEnv`,
+``"rg:<dataset>"`` a reasoning-gym dataset through
+:class:`~agentic_rl.envs.reasoning.ReasoningGymEnv`, and the built-in names
+are :data:`BUILTIN`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 from agentic_rl.envs import swarm, text_games
 from agentic_rl.envs.gem import GemEnv
+from agentic_rl.envs.reasoning import ReasoningGymEnv
 
 BUILTIN: dict[str, Callable[..., Any]] = {"guess_number": text_games.GuessNumber,
                                            "ledger": text_games.Ledger,
@@ -30,8 +33,10 @@ def load_factory(spec: str) -> Callable[..., Any]:
     return BUILTIN[spec]
   if spec.startswith("gem:"):
     return functools.partial(GemEnv, spec[len("gem:"):])
-  return load_callable(spec, "host_env", f"'MODULE:FACTORY', 'gem:<id>' or one of "
-                       f"{sorted(BUILTIN)}")
+  if spec.startswith("rg:"):
+    return functools.partial(ReasoningGymEnv, spec[len("rg:"):])
+  return load_callable(spec, "host_env", "'MODULE:FACTORY', 'gem:<id>', 'rg:<dataset>' or "
+                       f"one of {sorted(BUILTIN)}")
 
 
 def load_callable(spec: str, what: str, expected: str = "'MODULE:NAME'") -> Callable[..., Any]:

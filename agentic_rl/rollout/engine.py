@@ -594,9 +594,14 @@ def run_loop(params, state: RolloutState, cache: model_lib.KVCache, version,
   ``prefix_cache``: the rows' groups' shared cache of positions ``0 ..
   Lp-1`` (``model.decode_step``'s ``prefix``); ``cache`` then holds the
   positions from ``Lp`` on (and grows to ``T - Lp`` slots).
+
+  ``params=None`` and ``cache=None`` run no model: for rows whose every
+  policy token is scripted (demonstrations), which then record the
+  log-probs and entropy of a uniform policy.
   """
-  params = model_lib.unstack_layers(params)
   T = state.tokens_BxT.shape[1]
+  if params is not None:
+    params = model_lib.unstack_layers(params)
   # Every row's draw at every position, hashed once rather than per step.
   u_BxT = sampling_lib.position_uniforms(
       jax.random.wrap_key_data(state.key_B), jnp.arange(T))
@@ -612,8 +617,9 @@ def run_loop(params, state: RolloutState, cache: model_lib.KVCache, version,
 
   n = jnp.int32(0)
   offset = 0 if prefix_cache is None else prefix_cache.max_len
-  for size in cache_sizes(offset + cache.max_len, T, cache_segments):
-    cache = model_lib.grow_cache(cache, size - offset)
+  for size in ([T] if cache is None else cache_sizes(offset + cache.max_len, T, cache_segments)):
+    if cache is not None:
+      cache = model_lib.grow_cache(cache, size - offset)
 
     def cond(carry, size=size):
       s, _, n = carry
@@ -634,8 +640,11 @@ def _token_step(params, state: RolloutState, cache, version, u_BxT, *,
   rows = jnp.arange(B)
   live = ~state.ended_B & ~state.awaiting_B
   cur = state.cur_B
-  logits_BxV, cache = model_lib.decode_step(
-      params, state.tokens_BxT[rows, cur], cur, cache, model_config, prefix=prefix_cache)
+  if params is None:  # scripted rows without a model (run_loop's docstring)
+    logits_BxV = jnp.zeros((B, model_config.vocab_size), jnp.float32)
+  else:
+    logits_BxV, cache = model_lib.decode_step(
+        params, state.tokens_BxT[rows, cur], cur, cache, model_config, prefix=prefix_cache)
   w = jnp.minimum(cur + 1, T - 1)
 
   logp_BxV = sampling_lib.sampling_log_probs(logits_BxV, sampling, temperature)

@@ -202,12 +202,18 @@ class HostLoop:
     under them (partial rollouts; each token records its version), or are
     replayed from their start where ``stale`` says so (see :meth:`play`).
 
+    ``params=None`` runs no model: every action must come from ``actor``
+    (its rows record a uniform policy's log-probs); for demonstrations,
+    whose tokens and loss masks are all that is kept.
+
     ``reward_B`` sums the environment's step rewards; ``reward_components``
     is empty (the text protocol has none) and ``call_hashes_BxC`` holds a
     hash of each step's action (its token ids), so the exploration monitors
     count distinct action sequences.
     """
     B = self.batch_size
+    if params is None and actor is None:
+      raise ValueError("params=None runs no model: pass an actor that scripts every action")
     if len(envs) != B or len(seeds) != B:
       raise ValueError(f"need {B} environments and seeds, got {len(envs)} and "
                        f"{len(seeds)}")
@@ -264,7 +270,8 @@ class HostLoop:
     episodes: list[Episode | None] = [None] * B
     calling_B = np.zeros(B, bool)  # an environment call of the row is running
     prefill_B = np.zeros(B, bool)  # the row's cache must be rebuilt
-    cache = model_lib.init_cache(self.model_config, B, self.sampling.max_total_tokens)
+    cache = (None if params is None  # scripted: no model to run (run's docstring)
+             else model_lib.init_cache(self.model_config, B, self.sampling.max_total_tokens))
 
     def submit(b, kind, fn):
       calling_B[b] = True
@@ -340,7 +347,7 @@ class HostLoop:
               begin(b, episodes[b])
           if not (~host.ended_B & ~host.awaiting_B).any():
             continue
-        if prefill_B.any():
+        if prefill_B.any() and params is not None:
           cache = self._prefill_rows(params, host, cache, np.flatnonzero(prefill_B))
           prefill_B[:] = False
         state = jax.tree.map(jnp.asarray, host)

@@ -296,10 +296,11 @@ class HostCollector:
   def demonstrations(self, params, stage, key) -> dict[str, np.ndarray]:
     """Each environment's ``demonstration(seed)`` actions, played through the
     host loop (so a demonstration is exactly the stream a rollout would
-    record) on the demonstration seeds; episodes that do not end done are
-    left out. With context management every segment of an episode is a row
-    of its own, and a summary the context asks for is the environment's
-    ``summary(observations)``."""
+    record, without running the model) on the demonstration seeds;
+    episodes that do not end done are left out. With context management
+    every segment of an episode is a row of its own, and a summary the
+    context asks for is the environment's ``summary(observations)``."""
+    del params  # scripted actions need no model
     cfg = self.cfg
     T = cfg.sampling.max_total_tokens
     rows = min(stage.num_demos, cfg.eval.batch_rows)
@@ -324,7 +325,7 @@ class HostCollector:
         return scripts[b].pop(0)
 
       try:
-        ro = self.rows(params, sampling, "demo", np.arange(start, start + rows),
+        ro = self.rows(None, sampling, "demo", np.arange(start, start + rows),
                        jax.random.fold_in(key, start), 0, temperature=None, weights=None,
                        restart=False, group_size=1, actor=actor)
       except ScriptTooLong as e:

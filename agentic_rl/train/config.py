@@ -142,9 +142,12 @@ def _where_to_set(name: str, stage, message: str) -> str:
   return f" ({', '.join(max(flags, key=lambda f: f[0])[1])})" if flags else ""
 
 
-def objective_config(stage) -> objectives.ObjectiveConfig:
+def objective_config(stage, horizon: int | None = None) -> objectives.ObjectiveConfig:
   """The stage's objective; each hyper-parameter table is keyed by name, so
-  only the chosen estimator's, loss's and correction's own are used."""
+  only the chosen estimator's, loss's and correction's own are used.
+  ``horizon``: the constant of ``agg='seq_mean_token_sum_norm'`` (the run's
+  ``sampling.max_total_tokens``: the learner's batches stop at their last
+  scored token, so their width is no constant)."""
   correction = None if stage.correction == "none" else stage.correction
   return objectives.ObjectiveConfig(
       advantage=stage.advantage,
@@ -154,7 +157,7 @@ def objective_config(stage) -> objectives.ObjectiveConfig:
       correction_kwargs=({correction: _kwargs_of(stage, "correction_kwargs", correction)}
                          if correction else {}),
       entropy_coef=stage.entropy_coef, kl_coef=stage.kl_coef,
-      kl_estimator=stage.kl_estimator)
+      kl_estimator=stage.kl_estimator, horizon=horizon)
 
 
 def optimizer_config(stage, total_steps: int) -> objectives.OptimizerConfig:

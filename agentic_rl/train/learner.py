@@ -401,6 +401,34 @@ def shared_prefix_len(tokens_BxT, group_size: int) -> int:
   return prefix.shared_prefix_len(tokens, group_size)
 
 
+def used_length(mask_BxT, *, minimum: int = 128) -> int:
+  """The positions a batch needs: one past the last position any row of
+  ``mask_BxT`` (host ``[B, T]``) weighs, rounded up to the next of
+  ``minimum * {1, 1.5, 2, 3, 4, 6, ...}`` (a bucket: one compiled step per
+  length; waste under a half), at most T. The model is causal, so the
+  positions after it change no loss, gradient or weighted metric."""
+  T = np.shape(mask_BxT)[1]
+  weighted = np.flatnonzero(np.asarray(mask_BxT).any(axis=0))
+  n = int(weighted[-1]) + 1 if weighted.size else 1
+  bucket = minimum
+  while bucket < n:
+    bucket = bucket * 3 // 2 if bucket & (bucket - 1) == 0 else bucket * 4 // 3
+  return min(bucket, T)
+
+
+def trim_time(batch: Mapping[str, Any], length: int) -> dict[str, Any]:
+  """``batch`` with every per-token array (a key with ``xT``, ``[B, T,
+  ...]``) cut to its first ``length`` positions."""
+  return {k: v[:, :length] if "xT" in k else v for k, v in batch.items()}
+
+
+def pad_time(x_BxL, length: int):
+  """``x_BxL`` (host) zero-padded along axis 1 to ``length`` positions:
+  a :func:`trim_time` batch's per-token outputs back at the batch's width."""
+  x_BxL = np.asarray(x_BxL)
+  return np.pad(x_BxL, [(0, 0), (0, length - x_BxL.shape[1])] + [(0, 0)] * (x_BxL.ndim - 2))
+
+
 def _per_prefix_len(jit_for: Callable[[int], Any], group_size: int,
                     tokens_of: Callable[..., Any]):
   """A callable that runs ``jit_for(prefix_len)`` (built once per length) on

@@ -199,6 +199,11 @@ def train(cfg, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]
                              float(restored["entropy_coef"]),
                              shift.StalenessBound(*map(int, restored["staleness"])),
                              np.asarray(restored["budget"], np.float32))
+    if cfg.eval.at_start and restored is None:  # the parameters before any step
+      stages.summarise_success(d, "init", evaluate(run, params, jax.random.fold_in(d.rng, 0)),
+                               "init_success")
+      print(f"[init] held-out success: {d.summary['init_success']:.3f} greedy, "
+            f"{d.summary['init_success_sampled']:.3f} sampled")
     while progress.stage_index < len(d.stages):
       stage, name = d.stages[progress.stage_index], cfg.stages[progress.stage_index]
       n_steps = stages.stage_steps(stage)

@@ -146,7 +146,7 @@ def make_rl_stage(run: Run, stage, optimizer, params, *, reset_each_iteration: b
   cfg = run.cfg
   sampling = config_lib.sampling_config(cfg, temperature=stage.temperature,
                                         top_k=stage.top_k, top_p=stage.top_p)
-  objective = config_lib.objective_config(stage)
+  objective = config_lib.objective_config(stage, horizon=cfg.sampling.max_total_tokens)
   signal_cfg = config_lib.signal_config(stage)
   needs = objectives.required_inputs(
       objective, global_stats=signal_cfg.allocation == "ada" and signal_cfg.ada_global_stats)
@@ -379,8 +379,10 @@ def score_and_weight(run: Run, rl: RLStage, state: learner.TrainState, rows: Sco
   scored_rows`): tokens, per-token loss weights (the shift controller's,
   times the episode's sequence weight), the episode's advantages, behaviour
   log-probs and the controllers' settings as per-row arrays; with
-  ``score_fn``, also the learner's log-probs before the first update. Returns
-  ``(learn_batch, shift_stats)``.
+  ``score_fn``, also the learner's log-probs before the first update. The
+  per-token arrays stop after the last scored token (:func:`learner.
+  used_length`, a bucket: the learner's cost follows the episodes' length,
+  not ``max_total_tokens``). Returns ``(learn_batch, shift_stats)``.
 
   Staleness is counted in learner updates: the lag of each token behind the
   learner when the batch's first update begins.
@@ -389,13 +391,14 @@ def score_and_weight(run: Run, rl: RLStage, state: learner.TrainState, rows: Sco
       rl.shift_cfg, rows["loss_mask_RxT"], rows["version_RxT"], int(state.step),
       newest_B=rows.per_row(rows.episode_max(rows["version_RxT"], rows["loss_mask_RxT"] > 0)))
   R = rows.num_rows
-  learn_batch = sharding.shard_batch({
+  learn_batch = sharding.shard_batch(learner.trim_time({
       "tokens_BxT": jnp.asarray(rows["tokens_RxT"]),
       "loss_mask_BxT": weights * rows.per_row(shaped.seq_weight_B * shaped.valid_B)[:, None],
       "advantages": jnp.asarray(rows.per_row(advantages), jnp.float32),
       "behaviour_logp_BxT": jnp.asarray(rows["behaviour_logp_RxT"]),
       "entropy_coef_B": jnp.full((R,), entropy_coef, jnp.float32),
-      "temperature_B": jnp.full((R,), tau, jnp.float32)}, run.mesh)
+      "temperature_B": jnp.full((R,), tau, jnp.float32)},
+      learner.used_length(rows["loss_mask_RxT"])), run.mesh)
   if rl.score_fn is not None:
     learn_batch.update(rl.score_fn(state.params, state.ref_params, learn_batch["tokens_BxT"],
                                    jnp.float32(tau)))
@@ -416,9 +419,10 @@ class Learned:
 
 
 def update(rl: RLStage, state: learner.TrainState, learn_batch: dict[str, jax.Array],
-           ) -> tuple[learner.TrainState, Learned]:
+           width: int) -> tuple[learner.TrainState, Learned]:
   """``updates_per_batch`` optimiser steps on one batch (after the mirror
-  descent reset where configured)."""
+  descent reset where configured); the learner's log-probs and entropy come
+  back ``width`` (the scored rows' T) positions wide."""
   t0 = time.perf_counter()
   if rl.reset_fn is not None:
     state = rl.reset_fn(state)
@@ -430,7 +434,7 @@ def update(rl: RLStage, state: learner.TrainState, learn_batch: dict[str, jax.Ar
       entropy = outputs["entropy_BxT"]
     metrics.append(m)
   metrics = [jax.tree.map(float, m) for m in sharding.to_host(metrics)]
-  old_logp, entropy = sharding.to_host((old_logp, entropy))
+  old_logp, entropy = (learner.pad_time(x, width) for x in sharding.to_host((old_logp, entropy)))
   return state, Learned(metrics, old_logp, entropy, time.perf_counter() - t0)
 
 
@@ -466,8 +470,9 @@ def invariant_metrics(run: Run, rl: RLStage, collected: Collected, rows: ScoredR
   metrics.update(exploration.exploration_metrics(batch.entropy_BxT, loss_mask, hashes,
                                                  success, **ragged))
   metrics.update(signal.signal_metrics(success, advantages, loss_mask,
-                                       loss_weight_BxT=sharding.to_host(
+                                       loss_weight_BxT=learner.pad_time(sharding.to_host(
                                            learn_batch["loss_mask_BxT"])[:B],
+                                           loss_mask.shape[1]),
                                        **layout.monitor_kwargs()))
   metrics.update(sampled.metrics)
   # Per episode generated, groups dropped by dynamic sampling included: the
@@ -546,7 +551,7 @@ def rl_iteration(run: Run, rl: RLStage, actor, state: learner.TrainState, contro
   rows = context.scored_rows(collected.batch)
   learn_batch, shift_stats = score_and_weight(run, rl, state, rows, shaped, advantages,
                                               controls.entropy_coef, collected.tau)
-  state, learned = update(rl, state, learn_batch)
+  state, learned = update(rl, state, learn_batch, rows["tokens_RxT"].shape[1])
   metrics = invariant_metrics(run, rl, collected, rows, shaped, advantages, learn_batch,
                               shift_stats, learned, version, controls, collected.tau)
   controls = next_controls(rl, controls, collected, metrics)

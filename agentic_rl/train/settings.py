@@ -92,7 +92,7 @@ class TasksSettings:
   """``config.tasks``: where the prompts come from. ``source="jax"``: the
   built-in ``families`` (mixed by ``weights``, at ``difficulty`` levels),
   stepped inside the jitted rollout; ``"host"``: the Python environment
-  ``host_env`` (``"MODULE:FACTORY"``, ``"gem:<id>"`` or a built-in name)
+  ``host_env`` (``"MODULE:FACTORY"``, ``"gem:<id>"``, ``"rg:<dataset>"`` or a built-in name)
   built with ``host_kwargs`` (a mapping, or a JSON object), in
   ``env_pool`` ("threads", "processes" or "ray"). ``host_reward="success"``
   pays ``rewards.outcome`` when the environment's summed reward is above
@@ -135,10 +135,14 @@ class SamplingSettings:
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
   """``config.eval``: held-out evaluation every ``every`` iterations and at
-  each stage's end: greedy success on ``num_prompts`` test prompts, and
-  ``pass_k`` samples at temperature 1 on each of ``pass_k_prompts``."""
+  each stage's end (and, with ``at_start``, of the initial parameters
+  before the first stage: the summary's ``init_success``, e.g. a pretrained
+  model's zero-shot success): greedy success on ``num_prompts`` test
+  prompts, and ``pass_k`` samples at temperature 1 on each of
+  ``pass_k_prompts``."""
 
   every: int = 15
+  at_start: bool = False
   num_prompts: int = 128
   pass_k: int = 4
   pass_k_prompts: int = 128

@@ -93,7 +93,9 @@ def sft(run, driver, name, stage, state, optimizer, controls, stage_key, snapsho
     t0 = time.perf_counter()
     rows = np.random.default_rng([cfg.seed, p.global_step]).choice(
         data["tokens_BxT"].shape[0], stage.batch_size, replace=False)
-    state, m, _ = step_fn(state, {k: jnp.asarray(v[rows]) for k, v in data.items()})
+    batch = {k: v[rows] for k, v in data.items()}
+    batch = learner.trim_time(batch, learner.used_length(batch["loss_mask_BxT"]))
+    state, m, _ = step_fn(state, {k: jnp.asarray(v) for k, v in batch.items()})
     record = {k: float(v) for k, v in sharding.to_host(m).items()}
     record["sft/demos"] = float(demos_per_row[rows].sum())
     if p.stage_step == n_steps - 1:
