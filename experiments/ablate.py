@@ -20,9 +20,6 @@ import concurrent.futures
 import importlib.util
 import json
 import os
-import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Sequence
 
@@ -35,7 +32,6 @@ from experiments.configs import ablations
 
 
 CONFIG_FILE = os.path.join(os.path.dirname(__file__), "configs", "ablations.py")
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Per-iteration series kept from each RL run.
 SERIES = (
     "signal/zero_variance_frac", "signal/effective_token_frac", "signal/rollouts",
@@ -102,32 +98,9 @@ def _config_arg(arm: str, tiny: bool) -> str:
 
 def _train(arm: str, seed: int, workdir: str, tiny: bool) -> None:
   """One ``experiments.train`` run in its own process (skipped if finished)."""
-  if os.path.exists(os.path.join(workdir, metrics_lib.SUMMARY_FILE)):
-    return
-  os.makedirs(workdir, exist_ok=True)
-  cmd = [sys.executable, "-m", "experiments.train", f"--config={_config_arg(arm, tiny)}",
-         f"--config.seed={seed}", f"--workdir={workdir}"]
-  # Every arm compiles the same programs: share them through JAX's persistent
-  # compilation cache (a minute less per run on a 2-core CPU).
-  env = dict(os.environ)
-  env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(
-      os.path.dirname(os.path.abspath(workdir))), "jax_cache"))
-  t0 = time.perf_counter()
-  with open(os.path.join(workdir, "log.txt"), "w") as log:
-    done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
-                          check=False)
-  if done.returncode:
-    raise RuntimeError(f"{arm} seed {seed} failed ({done.returncode}); see {workdir}/log.txt")
-  print(f"  {arm:12s} seed {seed}: {time.perf_counter() - t0:6.0f} s", flush=True)
-
-
-def _start_from_sft(sft_dir: str, arm_dir: str) -> None:
-  """Copies the SFT run's final checkpoint into a fresh arm directory."""
-  if os.path.exists(os.path.join(arm_dir, "checkpoints")):
-    return
-  src = os.path.join(sft_dir, "checkpoints")
-  step = max((d for d in os.listdir(src) if d.isdigit()), key=int)
-  shutil.copytree(os.path.join(src, step), os.path.join(arm_dir, "checkpoints", step))
+  seconds = common.train_config_run(_config_arg(arm, tiny), seed, workdir)
+  if seconds:
+    print(f"  {arm:12s} seed {seed}: {seconds:6.0f} s", flush=True)
 
 
 def run(workdir: str, seeds: Sequence[int], studies: Sequence[str], *, jobs: int = 1,
@@ -151,7 +124,7 @@ def run(workdir: str, seeds: Sequence[int], studies: Sequence[str], *, jobs: int
       base = ablations.warm_start(arm)
       sft[base, seed].result()
       root = os.path.join(workdir, f"seed{seed}")
-      _start_from_sft(os.path.join(root, base), os.path.join(root, arm))
+      common.start_from(os.path.join(root, base), os.path.join(root, arm))
       _train(arm, seed, os.path.join(root, arm), tiny)
 
     futures = [pool.submit(arm_run, arm, seed) for arm in arms for seed in seeds]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -54,6 +55,42 @@ def train_once(workdir: str, variant: str, overrides: Mapping[str, Any], log: st
                           stderr=subprocess.STDOUT)
   if done.returncode:
     raise RuntimeError(f"{workdir} failed; see {log}")
+
+
+def train_config_run(config_arg: str, seed: int, workdir: str) -> float:
+  """``python -m experiments.train --config=CONFIG_ARG --config.seed=SEED`` in
+  its own process, its output in ``WORKDIR/log.txt``, unless ``workdir``
+  holds a finished run (a ``summary.json``); an unfinished one resumes.
+  Runs share compiled programs through JAX's persistent compilation cache
+  beside the runs' root (``WORKDIR/../../jax_cache``). Returns the seconds
+  it took; raises naming the log when it fails."""
+  if os.path.exists(os.path.join(workdir, "summary.json")):
+    return 0.0
+  os.makedirs(workdir, exist_ok=True)
+  cmd = [sys.executable, "-m", "experiments.train", f"--config={config_arg}",
+         f"--config.seed={seed}", f"--workdir={workdir}"]
+  env = dict(os.environ)
+  env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(
+      os.path.dirname(os.path.abspath(workdir))), "jax_cache"))
+  t0 = time.perf_counter()
+  with open(os.path.join(workdir, "log.txt"), "a") as log:
+    done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
+                          check=False)
+  if done.returncode:
+    raise RuntimeError(f"{config_arg} seed {seed} failed ({done.returncode}); see "
+                       f"{workdir}/log.txt")
+  return time.perf_counter() - t0
+
+
+def start_from(warm_dir: str, run_dir: str) -> None:
+  """Copies the finished run ``warm_dir``'s last checkpoint into ``run_dir``
+  (unless it has checkpoints already): a run of the same earlier stages
+  there resumes after them."""
+  if os.path.exists(os.path.join(run_dir, "checkpoints")):
+    return
+  src = os.path.join(warm_dir, "checkpoints")
+  step = max((d for d in os.listdir(src) if d.isdigit()), key=int)
+  shutil.copytree(os.path.join(src, step), os.path.join(run_dir, "checkpoints", step))
 
 
 def time_interleaved(contenders: Mapping[Hashable, Callable[[], Any]], *, warmup: int,
