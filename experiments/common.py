@@ -57,9 +57,11 @@ def train_once(workdir: str, variant: str, overrides: Mapping[str, Any], log: st
     raise RuntimeError(f"{workdir} failed; see {log}")
 
 
-def train_config_run(config_arg: str, seed: int, workdir: str) -> float:
-  """``python -m experiments.train --config=CONFIG_ARG --config.seed=SEED`` in
-  its own process, its output in ``WORKDIR/log.txt``, unless ``workdir``
+def train_config_run(config_arg: str, seed: int, workdir: str,
+                     extra: Sequence[str] = ()) -> float:
+  """``python -m experiments.train --config=CONFIG_ARG --config.seed=SEED``
+  (and the flags ``extra``) in its own process, its output in
+  ``WORKDIR/log.txt``, unless ``workdir``
   holds a finished run (a ``summary.json``); an unfinished one resumes.
   Runs share compiled programs through JAX's persistent compilation cache
   beside the runs' root (``WORKDIR/../../jax_cache``). Returns the seconds
@@ -68,7 +70,7 @@ def train_config_run(config_arg: str, seed: int, workdir: str) -> float:
     return 0.0
   os.makedirs(workdir, exist_ok=True)
   cmd = [sys.executable, "-m", "experiments.train", f"--config={config_arg}",
-         f"--config.seed={seed}", f"--workdir={workdir}"]
+         f"--config.seed={seed}", f"--workdir={workdir}", *extra]
   env = dict(os.environ)
   env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(
       os.path.dirname(os.path.abspath(workdir))), "jax_cache"))

@@ -13,11 +13,21 @@ NOTEBOOK = os.path.join(REPO, "colabs", "invariant_ablations.ipynb")
 COMMITTED = os.path.join(REPO, "docs", "ablations", "results.json")
 
 
+REAL_MODEL = os.path.join(REPO, "docs", "real_model", "results.json")
+
+
 def _committed_studies() -> int:
-  if not os.path.exists(COMMITTED):
-    return 0
-  with open(COMMITTED) as f:
-    return len(json.load(f)["studies"])
+  """Figures of the committed results: one per ablation study and one per
+  real-model study (and one of its tasks)."""
+  n = 0
+  if os.path.exists(COMMITTED):
+    with open(COMMITTED) as f:
+      n += len(json.load(f)["studies"])
+  if os.path.exists(REAL_MODEL):
+    with open(REAL_MODEL) as f:
+      real = json.load(f)
+    n += len(real["studies"]) + bool(real["tasks"])
+  return n
 
 
 def _execute(tmp_path, monkeypatch, studies: str):
