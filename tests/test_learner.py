@@ -105,6 +105,8 @@ def test_a_batch_cut_after_its_last_weighted_token_gives_the_same_update(agg):
   length = learner.used_length(batch["loss_mask_BxT"], minimum=4)
   cut = learner.trim_time(batch, length)
   assert length == 8 and cut["tokens_BxT"].shape == (8, 8) and cut["advantages"].shape == (8,)
+  per_token = learner.trim_time(dict(batch, advantages=jnp.ones((8, 12))), length)
+  assert per_token["advantages"].shape == (8, 8)  # per-token advantages are cut too
   (a, ma, oa), (b, mb, ob) = (step(learner.init_train_state(params, opt), x)
                               for x in (batch, cut))
   for k in ("learner/loss", "learner/pg_loss", "learner/grad_norm"):

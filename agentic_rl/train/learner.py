@@ -417,9 +417,12 @@ def used_length(mask_BxT, *, minimum: int = 128) -> int:
 
 
 def trim_time(batch: Mapping[str, Any], length: int) -> dict[str, Any]:
-  """``batch`` with every per-token array (a key with ``xT``, ``[B, T,
-  ...]``) cut to its first ``length`` positions."""
-  return {k: v[:, :length] if "xT" in k else v for k, v in batch.items()}
+  """``batch`` with every per-token array (``[B, T, ...]``, T the width of
+  ``tokens_BxT``: per-token advantages too) cut to its first ``length``
+  positions."""
+  T = batch["tokens_BxT"].shape[1]
+  return {k: v[:, :length] if np.ndim(v) >= 2 and np.shape(v)[1] == T else v
+          for k, v in batch.items()}
 
 
 def pad_time(x_BxL, length: int):
