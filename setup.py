@@ -60,7 +60,9 @@ setuptools.setup(
         # GGUF checkpoints (config.model.init_from=FILE.gguf).
         "gguf": ["gguf"],
         "gem": ["gem-llm==0.1.0"],
-        "reasoning": ["reasoning-gym"],
+        # Environment hubs: GEM games (gem:<id>) and reasoning-gym datasets
+        # (reasoning_gym:<dataset>).
+        "hubs": ["gem-llm==0.1.0", "reasoning-gym"],
         # The side-by-side benchmark against torch, transformers and TRL
         # (experiments/bench_real.py).
         "bench": ["trl", "transformers", "torch==2.13.0", "accelerate", "gguf"],

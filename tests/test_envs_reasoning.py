@@ -80,13 +80,13 @@ def test_bad_settings_are_refused():
 
 
 def test_rg_names_a_dataset():
-  env = factories.load_factory("rg:spell_backward")(max_attempts=2)
+  env = factories.load_factory("reasoning_gym:spell_backward")(max_attempts=2)
   assert isinstance(env, reasoning.ReasoningGymEnv) and env.max_attempts == 2
 
 
 def test_a_reasoning_gym_task_warm_starts_on_its_answers_then_trains(tmp_path):
   cfg = default.get_config("tiny")
-  cfg.tasks.update(source="host", host_env="rg:spell_backward",
+  cfg.tasks.update(source="host", host_env="reasoning_gym:spell_backward",
                    host_kwargs='{"max_attempts": 2, "max_word_len": 5}')
   cfg.sampling.update(max_turns=2, max_total_tokens=192)
   summary = loop.train(cfg, str(tmp_path))

@@ -3,7 +3,7 @@
 
 ``"MODULE:ATTR"`` is any importable callable returning a text environment,
 ``"gem:<id>"`` a GEM game through :class:`~agentic_rl.envs.gem.GemEnv`,
-``"rg:<dataset>"`` a reasoning-gym dataset through
+``"reasoning_gym:<dataset>"`` a reasoning-gym dataset through
 :class:`~agentic_rl.envs.reasoning.ReasoningGymEnv`, and the built-in names
 are :data:`BUILTIN`.
 """
@@ -33,10 +33,10 @@ def load_factory(spec: str) -> Callable[..., Any]:
     return BUILTIN[spec]
   if spec.startswith("gem:"):
     return functools.partial(GemEnv, spec[len("gem:"):])
-  if spec.startswith("rg:"):
-    return functools.partial(ReasoningGymEnv, spec[len("rg:"):])
-  return load_callable(spec, "host_env", "'MODULE:FACTORY', 'gem:<id>', 'rg:<dataset>' or "
-                       f"one of {sorted(BUILTIN)}")
+  if spec.startswith("reasoning_gym:"):
+    return functools.partial(ReasoningGymEnv, spec[len("reasoning_gym:"):])
+  return load_callable(spec, "host_env", "'MODULE:FACTORY', 'gem:<id>', "
+                       f"'reasoning_gym:<dataset>' or one of {sorted(BUILTIN)}")
 
 
 def load_callable(spec: str, what: str, expected: str = "'MODULE:NAME'") -> Callable[..., Any]:

@@ -1,5 +1,5 @@
 """Adapter from reasoning-gym datasets (PyPI ``reasoning-gym``, optional) to
-the text protocol: ``config.tasks.host_env="rg:<dataset>"``.
+the text protocol: ``config.tasks.host_env="reasoning_gym:<dataset>"``.
 
 reasoning-gym (Stojanovski et al. 2025) generates verifiable reasoning
 problems procedurally: ``create_dataset(name, seed, size, **config)[i]`` is a
@@ -28,7 +28,7 @@ def _dataset(name: str, seed: int, config_json: str):
     import reasoning_gym  # pylint: disable=import-outside-toplevel
   except ImportError as e:
     raise ImportError("ReasoningGymEnv needs the optional reasoning-gym package: "
-                      "pip install -e '.[reasoning]'") from e
+                      "pip install -e '.[hubs]'") from e
   return reasoning_gym.create_dataset(name, seed=seed, size=_SIZE, **json.loads(config_json))
 
 

@@ -92,8 +92,9 @@ class TasksSettings:
   """``config.tasks``: where the prompts come from. ``source="jax"``: the
   built-in ``families`` (mixed by ``weights``, at ``difficulty`` levels),
   stepped inside the jitted rollout; ``"host"``: the Python environment
-  ``host_env`` (``"MODULE:FACTORY"``, ``"gem:<id>"``, ``"rg:<dataset>"`` or a built-in name)
-  built with ``host_kwargs`` (a mapping, or a JSON object), in
+  ``host_env`` (``"MODULE:FACTORY"``, ``"gem:<id>"``,
+  ``"reasoning_gym:<dataset>"`` or a built-in name) built with
+  ``host_kwargs`` (a mapping, or a JSON object), in
   ``env_pool`` ("threads", "processes" or "ray"). ``host_reward="success"``
   pays ``rewards.outcome`` when the environment's summed reward is above
   ``success_threshold``, else 0; ``"env"`` pays its own (plus the

@@ -13,10 +13,10 @@ through the host path with the model's own chat template:
 
 - ``calculator``: three-digit arithmetic with a calculator tool offered in
   the template's tool-call format (``agentic_rl.envs.text_games.Calculator``).
-- ``gem``: GEM's GuessTheNumber-v0-easy (``pip install -e ".[gem]"``), warm
+- ``gem``: GEM's GuessTheNumber-v0-easy (``pip install -e ".[hubs]"``), warm
   started on binary search with random guesses among its moves.
 - ``reasoning``: reasoning-gym's ``spell_backward`` (``pip install -e
-  ".[reasoning]"``) on words of up to five letters, two attempts.
+  ".[hubs]"``) on words of up to five letters, two attempts.
 
 Arms (:data:`ARMS`): ``rl`` (GRPO, uniform allocation, synchronous: the
 base every study compares with), and on :data:`CONTROLLER_TASK` the
@@ -50,7 +50,7 @@ TASKS: dict[str, dict] = {
         "sft.demo_noise": 0.3,
     },
     "reasoning": {
-        "tasks.host_env": "rg:spell_backward",
+        "tasks.host_env": "reasoning_gym:spell_backward",
         "tasks.host_kwargs": '{"max_attempts": 2, "max_word_len": 5}',
         "tasks.success_threshold": 0.99, "tasks.host_reward": "success",
         "tasks.max_obs_tokens": 48, "sampling.max_turns": 2,
