@@ -79,7 +79,7 @@ def test_bad_settings_are_refused():
     reasoning.ReasoningGymEnv("spell_backward").step("<answer>x</answer>")
 
 
-def test_rg_names_a_dataset():
+def test_reasoning_gym_names_a_dataset():
   env = factories.load_factory("reasoning_gym:spell_backward")(max_attempts=2)
   assert isinstance(env, reasoning.ReasoningGymEnv) and env.max_attempts == 2
 
