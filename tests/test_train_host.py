@@ -19,6 +19,8 @@ from agentic_rl.train import learner
 from agentic_rl.train import loop
 from agentic_rl.train import metrics as metrics_lib
 from agentic_rl.train import run as run_lib
+from agentic_rl.train import stream
+from agentic_rl.rollout.types import EPISODE_STATUS
 from experiments.configs import default
 
 INVARIANT_KEYS = (
@@ -210,6 +212,47 @@ def test_broken_environments_cost_only_their_own_episodes(tmp_path):
     assert r["episode/env_errors"] >= 4 and r["episode/env_timeouts"] == 2
     assert np.isfinite(r["learner/loss"]) and r["learner/skipped"] == 0
     assert r["signal/rollouts"] == 16
+
+
+class HalfBroken(text_games.GuessNumber):
+  """The episodes of odd seeds fail at their reset, and every second action
+  of the others raises."""
+
+  def reset(self, seed):
+    if seed % 2:
+      raise RuntimeError("broken reset")
+    return super().reset(seed)
+
+  def step(self, action):
+    if self.guesses % 2:
+      raise RuntimeError("broken step")
+    return super().step(action)
+
+
+def test_an_asynchronous_run_counts_every_failed_episode_once(tmp_path, monkeypatch):
+  """Failures are counted as their episodes end, in the next batch's record,
+  also when the episode is later replayed as stale or never reaches a batch."""
+  ended, batches = [], []
+  finished, batch = stream.HostStream._finished, stream.HostStream._batch
+
+  def on_finished(self, tag, rollout):
+    ended.append(int(rollout.status_B[0]) == EPISODE_STATUS.index("env_error"))
+    return finished(self, tag, rollout)
+
+  def on_batch(self, gids):
+    batches.append(len(ended))  # the episodes ended before this batch
+    return batch(self, gids)
+
+  monkeypatch.setattr(stream.HostStream, "_finished", on_finished)
+  monkeypatch.setattr(stream.HostStream, "_batch", on_batch)
+  cfg = _host_cfg(host_env=f"{__name__}:HalfBroken", stages=("rl",))
+  cfg.rl.update(actor="async", max_staleness=1, iterations=4)
+  cfg.rl.signal.allocation = "uniform"
+  summary, records = _records(cfg, tmp_path)
+  assert summary["steps"] == 4 and len(batches) == 4
+  counted = [r["episode/env_errors"] for r in records]
+  assert counted == [sum(ended[a:b]) for a, b in zip([0] + batches[:-1], batches)]
+  assert sum(counted) > 0
 
 
 @pytest.mark.parametrize("edit, match", [

@@ -214,6 +214,9 @@ class Collected:
     data_skip: positions beyond ``data_pos`` already consumed (an
       asynchronous actor's batches may take groups out of data order).
     step: the iteration the rollouts were collected for.
+    health: :func:`episode_health` of every episode that ended since the
+      previous batch (a continuous stream's, whose episodes may end without
+      reaching a batch), or None: that of ``sampled``'s generated rollouts.
   """
 
   batch: Rollout
@@ -225,6 +228,7 @@ class Collected:
   data_pos: int = 0
   data_skip: tuple[int, ...] = ()
   step: int = 0
+  health: dict[str, float] | None = None
 
   @property
   def prompt_B(self) -> np.ndarray:
@@ -494,7 +498,7 @@ def invariant_metrics(run: Run, rl: RLStage, collected: Collected, rows: ScoredR
       "episode/tool_errors": float(np.mean(batch.num_tool_errors_B)),
       "episode/truncated": float(np.mean(batch.truncated_B)),
       "episode/length": float(np.mean(batch.length_B)),
-      **episode_health(sampled.generated),
+      **(episode_health(sampled.generated) if collected.health is None else collected.health),
       **context.context_metrics(batch),
       "perf/rollout_s": collected.seconds,
       "perf/learner_s": learned.seconds,

@@ -90,6 +90,8 @@ class HostStream:
     self.consumed_ahead: set[int] = set(prompts.skip)
     self.version = -1
     self.replayed = 0
+    # episode/* failure counts of the episodes ended since the last batch.
+    self.health: dict[str, float] = {}
     self.t_last = time.perf_counter()
 
   def play(self) -> None:
@@ -139,6 +141,9 @@ class HostStream:
     env = self.env_of.pop(tag)
     timed_out = int(rollout.status_B[0]) == _TIMEOUT
     self.envs.append(self.run.collector.tasks.replace(env) if timed_out else env)
+    # Counted as it ends: a failed episode may be replayed or dropped later.
+    health = rl_lib.episode_health(rollout)
+    self.health = {k: self.health.get(k, 0.0) + v for k, v in health.items()}
     group = self.groups[gid]
     group.rollouts[j] = self.run.collector.with_outcome(rollout)
     if len(group.rollouts) == self.rl.group_size:
@@ -185,8 +190,8 @@ class HostStream:
     collected = rl_lib.Collected(
         batch, GroupLayout.of(sampled.group, sampled.num_groups), sampled, None,
         now - self.t_last, float(exploration.temperature_at(self.rl.explore_cfg, self.step)),
-        data_pos, tuple(sorted(self.consumed_ahead)), self.step)
-    self.t_last = now
+        data_pos, tuple(sorted(self.consumed_ahead)), self.step, self.health)
+    self.t_last, self.health = now, {}
     self.step += 1
     return collected
 
