@@ -139,9 +139,10 @@ def collect(workdir: str, seeds: Sequence[int], studies: Sequence[str]) -> dict:
     for name in runs_lib.runs_of("tasks"):
       per_seed = seeds_of(name)
       first = next((r for r in per_seed.values() if "zero_shot" in r), None)
-      for r in per_seed.values():  # measured once: the same greedy number
+      for r in per_seed.values():  # measured once for every seed
         if first is not None:
           r.setdefault("zero_shot", first["zero_shot"])
+          r.setdefault("zero_shot_sampled", first["zero_shot_sampled"])
       out["tasks"][name.split("_")[0]] = {"seeds": per_seed}
   for study in studies:
     if study != "tasks":
@@ -153,29 +154,35 @@ def collect(workdir: str, seeds: Sequence[int], studies: Sequence[str]) -> dict:
 def _cell(values: list[float], fmt: str) -> str:
   if not values:
     return "—"
-  return f"{np.mean(values):{fmt}} ± {np.std(values):{fmt}} ({len(values)})"
+  return f"{np.mean(values):{fmt}} ± {np.std(values):{fmt.lstrip('+')}} ({len(values)})"
 
 
 def tables(results: dict) -> str:
   """The markdown tables: mean ± std over the finished seeds (their count)."""
-  lines = ["## Tasks: held-out greedy success", "",
-           "| task | zero-shot | after the warm start | after RL | gain over the warm start "
-           "| minutes per seed |", "|---|---|---|---|---|---|"]
-  for task, t in results["tasks"].items():
-    rows = list(t["seeds"].values())
-    col = lambda k, rows=rows: [r[k] for r in rows if k in r]  # noqa: E731
-    lines.append(f"| {task} | " + " | ".join(_cell(col(k), ".3f") for k in (
-        "zero_shot", "before", "after", "gain")) + f" | {_cell([w / 60 for w in col('wall_s')], '.0f')} |")
+  lines = []
+  for title, suffix in (("greedy", ""), ("sampled at temperature 1 (pass@1)", "_sampled")):
+    lines += [f"## Tasks: held-out success, {title}", "",
+              "| task | zero-shot | after the warm start | after RL | gain over the warm start "
+              "| minutes per seed |", "|---|---|---|---|---|---|"]
+    for task, t in results["tasks"].items():
+      rows = list(t["seeds"].values())
+      col = lambda k, rows=rows: [r[k] for r in rows if k in r]  # noqa: E731
+      gains = [r["after" + suffix] - r["before" + suffix] for r in rows if "after" in r]
+      cells = [_cell(col(k + suffix), ".3f") for k in ("zero_shot", "before", "after")]
+      lines.append(f"| {task} | " + " | ".join(cells) + f" | {_cell(gains, '+.3f')} | "
+                   f"{_cell([w / 60 for w in col('wall_s')], '.0f')} |")
+    lines.append("")
   for study, arms in results["studies"].items():
     cols = COLUMNS[study]
-    lines += ["", f"## {study} (on {runs_lib.CONTROLLER_TASK})", "",
+    lines += [f"## {study} (on {runs_lib.CONTROLLER_TASK})", "",
               "| arm | " + " | ".join(HEADERS[c] for c in cols) + " |",
               "|---" * (len(cols) + 1) + "|"]
     for arm, per_seed in arms.items():
       cells = [_cell([r[c] for r in per_seed.values() if c in r],
                      ".2e" if c == "kl_behaviour_learner" else ".3f") for c in cols]
       lines.append(f"| {runs_lib.LABELS[arm]} | " + " | ".join(cells) + " |")
-  return "\n".join(lines) + "\n"
+    lines.append("")
+  return "\n".join(lines)
 
 
 def plot(results: dict, out_dir: str) -> list[str]:

@@ -89,8 +89,10 @@ def test_numbers_tables_and_plots_of_the_finished_runs(tmp_path):
   assert results["tasks"]["reasoning"]["seeds"] == {}
   assert results["studies"]["credit"]["gigpo"] == {}
   md = real_model.tables(results)
-  assert "| gem | 0.000 ± 0.000 (2) | 0.375 ± 0.125 (2) | 0.500 ± 0.000 (2) |" in md
+  assert ("| gem | 0.000 ± 0.000 (2) | 0.375 ± 0.125 (2) | 0.500 ± 0.000 (2) | "
+          "+0.125 ± 0.125 (2) |") in md
   assert "| reasoning | — | — | — | — | — |" in md
+  assert "## Tasks: held-out success, sampled at temperature 1 (pass@1)" in md
   real_model.write(results, str(tmp_path / "out"), "cmd")
   with open(tmp_path / "out" / "results.json") as f:
     written = json.load(f)
