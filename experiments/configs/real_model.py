@@ -62,15 +62,18 @@ TASKS: dict[str, dict] = {
 # 45 minutes): a short warm start, four small SFT steps that teach the
 # format but not every episode (eight steps of clean calculator
 # demonstrations already win every held-out episode, leaving RL nothing to
-# show; three at 1e-5 win 30% greedily and none sampled, too few for RL's
-# groups to differ), then 12 RL iterations of 8 prompts x 4 rollouts;
-# held-out success on 64 test prompts (greedy), and 16 x 2 sampled, at the
-# stages' ends.
+# show; three at 1e-5 win 30% greedily and none sampled), then 12 RL
+# iterations of 8 prompts x 4 rollouts sampled at temperature 0.7 (after the
+# warm start the calculator's greedy success is 100% and its success sampled
+# at temperature 1 is 3%: no group of rollouts would differ); held-out
+# success on 64 test prompts (greedy), and 16 x 2 sampled at temperature 1,
+# at the stages' ends.
 SCALE = {
     "sft.steps": 4, "sft.batch_size": 8, "sft.num_demos": 64, "sft.learning_rate": 1.5e-5,
     "sft.warmup_steps": 0, "sft.pack": False,
     "rl.iterations": 12, "rl.prompts_per_step": 8, "rl.group_size": 4,
-    "rl.learning_rate": 1e-5, "rl.share_prefix": True, "rl.signal.allocation": "uniform",
+    "rl.learning_rate": 1e-5, "rl.temperature": 0.7, "rl.share_prefix": True,
+    "rl.signal.allocation": "uniform",
     "eval.every": 1000, "eval.num_prompts": 64, "eval.pass_k": 2, "eval.pass_k_prompts": 16,
     "eval.batch_rows": 64, "tasks.train_size": 4096, "tasks.test_size": 64,
     "checkpoint.every": 2, "export.deploy_check": "off",
