@@ -32,6 +32,18 @@ STUDY_BASE = {"sft.steps": 400, "rl.iterations": 40, "rl.signal.max_extra_rollou
               "eval.pass_k_prompts": 32}
 
 
+def set_dotted(cfg, dotted: str, value) -> None:
+  """``cfg.<dotted> = value`` on a ConfigDict; KeyError naming the key when
+  the config has none of that name (an override that would set nothing)."""
+  *path, leaf = dotted.split(".")
+  node = cfg
+  for part in path:
+    node = node[part]
+  if leaf not in node:
+    raise KeyError(f"override {dotted!r}: the config has no key {leaf!r}")
+  node[leaf] = value
+
+
 def train_command(workdir: str, variant: str, overrides: Mapping[str, Any]) -> list[str]:
   """``python -m experiments.train`` on ``default.py:<variant>`` with the
   dotted config keys ``overrides`` (a tuple written as its literal), every

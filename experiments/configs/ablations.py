@@ -127,16 +127,6 @@ def warm_start(arm: str) -> str:
   return WARM_STARTS[STUDY_OF[arm]]
 
 
-def _set(cfg: ml_collections.ConfigDict, dotted: str, value) -> None:
-  *path, leaf = dotted.split(".")
-  node = cfg
-  for part in path:
-    node = node[part]
-  if leaf not in node:
-    raise KeyError(f"ablation override {dotted!r}: config has no key {leaf!r}")
-  node[leaf] = value
-
-
 def get_config(arg: str = "dynamic") -> ml_collections.ConfigDict:
   parts = [a for a in arg.split(",") if a]
   arm, variants = parts[0], set(parts[1:])
@@ -152,7 +142,7 @@ def get_config(arg: str = "dynamic") -> ml_collections.ConfigDict:
   cfg = default.get_config(",".join(sorted(variants | base | {"all"})))
   for dotted, value in common.STUDY_BASE.items():
     if not (tiny and dotted in _SCALE):
-      _set(cfg, dotted, value)
+      common.set_dotted(cfg, dotted, value)
   cfg.rl.iterations = 4 if tiny else 20
   cfg.eval.every = 2 if tiny else 5
   cfg.tasks.train_size = 16 if tiny else 128
@@ -166,12 +156,12 @@ def get_config(arg: str = "dynamic") -> ml_collections.ConfigDict:
     if "rl.rollout_budget" in settings:
       settings.update({"rl.iterations": 8, "rl.rollout_budget": 4 * 8})
   for dotted, value in settings.items():
-    _set(cfg, dotted, value)
+    common.set_dotted(cfg, dotted, value)
   if arm.startswith("sft"):
     cfg.stages = ("sft",)
     return cfg
   for dotted, value in ARMS[arm].items():
-    _set(cfg, dotted, value)
+    common.set_dotted(cfg, dotted, value)
   if tiny and cfg.rl.exploration.temperature_schedule != "constant":
     cfg.rl.exploration.temperature_steps = cfg.rl.iterations
   if tiny and cfg.rl.advantage == "pass_at_k":

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from experiments import common
 from experiments.configs import default
 
 # Per task: the config keys of its warm start and RL stage (on top of
@@ -60,14 +61,12 @@ TASKS: dict[str, dict] = {
 }
 # The scale of every run on a 2-core CPU (a task's warm start and RL within
 # 45 minutes): a short warm start, four small SFT steps that teach the
-# format but not every episode (eight steps of clean calculator
-# demonstrations already win every held-out episode, leaving RL nothing to
-# show; three at 1e-5 win 30% greedily and none sampled), then 12 RL
-# iterations of 8 prompts x 4 rollouts sampled at temperature 0.7 (after the
-# warm start the calculator's greedy success is 100% and its success sampled
-# at temperature 1 is 3%: no group of rollouts would differ); held-out
-# success on 64 test prompts (greedy), and 16 x 2 sampled at temperature 1,
-# at the stages' ends.
+# format but leave the sampling policy unsure (a longer one wins every
+# calculator episode, leaving RL nothing to improve), then 12 RL iterations
+# of 8 prompts x 4 rollouts sampled at temperature 0.7 (at temperature 1 the
+# warm-started policy rarely finishes an episode well, so a group's rollouts
+# seldom differ); held-out success on 64 test prompts (greedy), and 16 x 2
+# sampled at temperature 1, at the stages' ends.
 SCALE = {
     "sft.steps": 4, "sft.batch_size": 8, "sft.num_demos": 64, "sft.learning_rate": 1.5e-5,
     "sft.warmup_steps": 0, "sft.pack": False,
@@ -133,16 +132,6 @@ def warm_start(run: str) -> str:
   return f"{run.split('_')[0]}_sft"
 
 
-def _set(cfg: ml_collections.ConfigDict, dotted: str, value) -> None:
-  *path, leaf = dotted.split(".")
-  node = cfg
-  for part in path:
-    node = node[part]
-  if leaf not in node:
-    raise KeyError(f"override {dotted!r}: the config has no key {leaf!r}")
-  node[leaf] = value
-
-
 def get_config(arg: str = "calculator_sft") -> ml_collections.ConfigDict:
   name, *variants = [a for a in arg.split(",") if a]
   task, _, arm = name.partition("_")
@@ -171,5 +160,5 @@ def get_config(arg: str = "calculator_sft") -> ml_collections.ConfigDict:
     if dotted == "stages":
       cfg.stages = value
     else:
-      _set(cfg, dotted, value)
+      common.set_dotted(cfg, dotted, value)
   return cfg
